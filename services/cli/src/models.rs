@@ -1,0 +1,67 @@
+//! Where the default models live and how the CLI loads them.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use tandem_gemma::Gemma3;
+use tandem_tokenizer::GemmaTokenizer;
+
+/// File name of the default target inside the models folder.
+const DEFAULT_GGUF: &str = "gemma-3-270m/gemma-3-270m-q4_k_m.gguf";
+/// File name of the default tokenizer inside the models folder.
+const DEFAULT_TOKENIZER: &str = "gemma-3-tokenizer/tokenizer.json";
+
+/// Model selection flags shared by every subcommand.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Target model: a .gguf file or an HF directory (config.json + safetensors).
+    #[arg(long, env = "TANDEM_MODEL")]
+    pub model: Option<PathBuf>,
+    /// tokenizer.json of the target.
+    #[arg(long, env = "TANDEM_TOKENIZER")]
+    pub tokenizer: Option<PathBuf>,
+    /// Folder that scripts/fetch-models.sh fills (default ~/.cache/tandem/models).
+    #[arg(long, env = "TANDEM_MODELS_DIR")]
+    pub models_dir: Option<PathBuf>,
+    /// Check the model file against this SHA-256 before loading.
+    #[arg(long)]
+    pub model_sha256: Option<String>,
+}
+
+impl ModelArgs {
+    fn models_dir(&self) -> PathBuf {
+        self.models_dir.clone().unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+            home.join(".cache/tandem/models")
+        })
+    }
+
+    fn resolve(&self, explicit: &Option<PathBuf>, default: &str, what: &str) -> Result<PathBuf> {
+        let path = explicit.clone().unwrap_or_else(|| self.models_dir().join(default));
+        if !path.exists() {
+            bail!(
+                "{what} not found at {}; run scripts/fetch-models.sh or pass --{what}",
+                path.display()
+            );
+        }
+        Ok(path)
+    }
+
+    /// Loads the target model and its tokenizer.
+    pub fn load(&self) -> Result<(Gemma3, GemmaTokenizer)> {
+        let model_path = self.resolve(&self.model, DEFAULT_GGUF, "model")?;
+        let tok_path = self.resolve(&self.tokenizer, DEFAULT_TOKENIZER, "tokenizer")?;
+        if let Some(sum) = &self.model_sha256 {
+            tandem_gemma::verify_sha256(&model_path, sum)?;
+        }
+        let model = Gemma3::load(&model_path)
+            .with_context(|| format!("loading {}", display(&model_path)))?;
+        let tok = GemmaTokenizer::from_file(&tok_path)?;
+        Ok((model, tok))
+    }
+}
+
+fn display(p: &Path) -> String {
+    p.display().to_string()
+}

@@ -1,0 +1,271 @@
+//! Turning logits into tokens: temperature, top-k and top-p (in that order, as transformers
+//! applies them) produce a [`SparseDist`]; a seeded [`Sampler`] draws from it. Temperature 0
+//! means greedy (argmax, ties to the lowest id) and consumes no randomness.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use serde::{Deserialize, Serialize};
+
+/// Invalid sampling parameters.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplingError {
+    /// Temperature is negative or not finite.
+    #[error("temperature must be a finite number >= 0, got {0}")]
+    Temperature(f32),
+    /// top-p outside (0, 1].
+    #[error("top_p must be in (0, 1], got {0}")]
+    TopP(f32),
+    /// top-k of zero.
+    #[error("top_k must be at least 1 when given")]
+    TopK,
+}
+
+/// Per-request sampling parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// Keep only the `k` most likely tokens.
+    pub top_k: Option<usize>,
+    /// Keep the smallest most-likely set whose mass reaches `top_p`.
+    pub top_p: f32,
+    /// Seed of the random stream.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: None,
+            top_p: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Checks the ranges.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(SamplingError::Temperature(self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(SamplingError::TopP(self.top_p));
+        }
+        if self.top_k == Some(0) {
+            return Err(SamplingError::TopK);
+        }
+        Ok(())
+    }
+
+    /// Whether these parameters mean greedy decoding.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == Some(1)
+    }
+}
+
+/// A distribution over a subset of token ids: `probs[i]` is the probability of `ids[i]`;
+/// probabilities sum to 1 and every id not listed has probability 0.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct SparseDist {
+    /// Token ids with non-zero probability.
+    pub ids: Vec<u32>,
+    /// Their probabilities.
+    pub probs: Vec<f32>,
+}
+
+impl SparseDist {
+    /// The probability of `id` (0 when absent).
+    pub fn prob(&self, id: u32) -> f32 {
+        self.ids
+            .iter()
+            .position(|x| *x == id)
+            .map_or(0.0, |i| self.probs[i])
+    }
+
+    /// Draws an id given a uniform number `u` in [0, 1).
+    pub fn draw(&self, u: f64) -> u32 {
+        let mut acc = 0f64;
+        for (id, p) in self.ids.iter().zip(&self.probs) {
+            acc += *p as f64;
+            if u < acc {
+                return *id;
+            }
+        }
+        *self.ids.last().expect("a distribution has at least one id")
+    }
+}
+
+/// Index of the largest logit; ties go to the lowest id.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in logits.iter().enumerate() {
+        if *v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The distribution `params` makes of `logits` (for greedy: all mass on the argmax).
+pub fn distribution(logits: &[f32], params: &SamplingParams) -> SparseDist {
+    if params.is_greedy() {
+        return SparseDist {
+            ids: vec![argmax(logits)],
+            probs: vec![1.0],
+        };
+    }
+    let inv_t = 1.0 / params.temperature as f64;
+    let mut cand: Vec<(u32, f64)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (i as u32, *l as f64 * inv_t))
+        .collect();
+    let by_logit_desc =
+        |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if let Some(k) = params.top_k.filter(|k| *k < cand.len()) {
+        cand.select_nth_unstable_by(k - 1, by_logit_desc);
+        cand.truncate(k);
+    }
+    let sorted = params.top_p < 1.0 || params.top_k.is_some();
+    if sorted {
+        cand.sort_unstable_by(by_logit_desc);
+    }
+    let max = cand.iter().map(|c| c.1).fold(f64::NEG_INFINITY, f64::max);
+    let mut total = 0f64;
+    for c in cand.iter_mut() {
+        c.1 = (c.1 - max).exp();
+        total += c.1;
+    }
+    if params.top_p < 1.0 {
+        let mut acc = 0f64;
+        let keep = cand
+            .iter()
+            .position(|c| {
+                acc += c.1 / total;
+                acc >= params.top_p as f64
+            })
+            .map_or(cand.len(), |i| i + 1);
+        cand.truncate(keep);
+        total = cand.iter().map(|c| c.1).sum();
+    }
+    SparseDist {
+        ids: cand.iter().map(|c| c.0).collect(),
+        probs: cand.iter().map(|c| (c.1 / total) as f32).collect(),
+    }
+}
+
+/// A seeded sampler: the same seed and logits give the same tokens.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha20Rng,
+}
+
+impl Sampler {
+    /// A sampler for validated `params`.
+    pub fn new(params: SamplingParams) -> Result<Self, SamplingError> {
+        params.validate()?;
+        Ok(Self {
+            rng: ChaCha20Rng::seed_from_u64(params.seed),
+            params,
+        })
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// A uniform number in [0, 1) from this sampler's stream.
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.random::<f64>()
+    }
+
+    /// Samples the next token from `logits`.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if self.params.is_greedy() {
+            return argmax(logits);
+        }
+        let dist = distribution(logits, &self.params);
+        dist.draw(self.uniform())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn params(t: f32, k: Option<usize>, p: f32) -> SamplingParams {
+        SamplingParams {
+            temperature: t,
+            top_k: k,
+            top_p: p,
+            seed: 7,
+        }
+    }
+
+    #[test]
+    fn greedy_is_argmax_with_lowest_tie() {
+        let mut s = Sampler::new(SamplingParams::default()).expect("valid");
+        assert_eq!(s.sample(&[0.0, 2.0, 2.0, 1.0]), 1);
+    }
+
+    #[test]
+    fn top_k_and_top_p_truncate() {
+        let logits = [3.0f32, 2.0, 1.0, 0.0];
+        let d = distribution(&logits, &params(1.0, Some(2), 1.0));
+        assert_eq!(d.ids, vec![0, 1]);
+        let d = distribution(&logits, &params(1.0, None, 0.5));
+        assert_eq!(d.ids, vec![0]);
+        let d = distribution(&logits, &params(1.0, None, 0.9));
+        assert_eq!(d.ids, vec![0, 1]);
+    }
+
+    #[test]
+    fn invalid_params_rejected() {
+        assert!(Sampler::new(params(-1.0, None, 1.0)).is_err());
+        assert!(Sampler::new(params(f32::NAN, None, 1.0)).is_err());
+        assert!(Sampler::new(params(1.0, None, 0.0)).is_err());
+        assert!(Sampler::new(params(1.0, Some(0), 1.0)).is_err());
+    }
+
+    #[test]
+    fn empirical_frequencies_match_softmax() {
+        let logits = [1.0f32, 0.0, -1.0, 0.5];
+        let mut s = Sampler::new(params(1.0, None, 1.0)).expect("valid");
+        let mut counts = [0usize; 4];
+        let n = 40_000;
+        for _ in 0..n {
+            counts[s.sample(&logits) as usize] += 1;
+        }
+        let z: f64 = logits.iter().map(|l| (*l as f64).exp()).sum();
+        for (i, c) in counts.iter().enumerate() {
+            let expect = (logits[i] as f64).exp() / z;
+            assert!((*c as f64 / n as f64 - expect).abs() < 0.01, "{i}: {c}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn distributions_are_normalised_and_seeded(
+            logits in proptest::collection::vec(-10.0f32..10.0, 1..50),
+            t in 0.05f32..2.0, k in proptest::option::of(1usize..60), p in 0.05f32..=1.0,
+            seed in any::<u64>(),
+        ) {
+            let prm = SamplingParams { temperature: t, top_k: k, top_p: p, seed };
+            let d = distribution(&logits, &prm);
+            let sum: f32 = d.probs.iter().sum();
+            prop_assert!((sum - 1.0).abs() < 1e-4);
+            prop_assert!(!d.ids.is_empty());
+            prop_assert!(d.ids.contains(&argmax(&logits)));
+            let mut a = Sampler::new(prm).expect("valid");
+            let mut b = Sampler::new(prm).expect("valid");
+            for _ in 0..5 {
+                prop_assert_eq!(a.sample(&logits), b.sample(&logits));
+            }
+        }
+    }
+}

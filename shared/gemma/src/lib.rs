@@ -1,0 +1,24 @@
+//! Gemma 3 text model for tandem: loading (GGUF with quantized weights kept quantized, or
+//! the HF safetensors layout), a forward over a block of tokens that returns logits and
+//! hidden-state taps, and a caller-owned KV cache that can be rolled back.
+//!
+//! The crate knows nothing of gRPC or sessions; the verifier owns caches and calls
+//! [`Gemma3::forward`].
+
+mod attention;
+mod config;
+mod convert;
+mod error;
+mod gguf_config;
+mod kv_cache;
+mod loader;
+mod model;
+mod names;
+mod ops;
+
+pub use config::{GemmaConfig, RopeScaling};
+pub use convert::{export_hf, hf_config_json};
+pub use error::{GemmaError, Result};
+pub use kv_cache::KvCache;
+pub use loader::verify_sha256;
+pub use model::{ForwardOptions, ForwardOutput, Gemma3, LogitsMode};

@@ -1,0 +1,310 @@
+//! The Gemma 3 text decoder (Gemma Team, "Gemma 3 Technical Report", 2025; reference:
+//! transformers' `Gemma3ForCausalLM`).
+//!
+//! Weights stay in their stored format (GGUF blocks, or f32/f16 from safetensors) and are
+//! applied by `tandem_kernels` row-wise matmuls; attention and norms are per-row loops with a
+//! fixed order. A position's logits therefore do not depend on the size of the block it was
+//! computed in. The KV cache is passed in by the caller.
+
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+use tandem_kernels::QMatrix;
+
+use crate::attention::{attend, AttnSpec};
+use crate::config::GemmaConfig;
+use crate::error::{GemmaError, Result};
+use crate::gguf_config::config_from_gguf;
+use crate::kv_cache::KvCache;
+use crate::loader::{GgufSource, HfSource, TensorSource};
+use crate::names::{LayerTensor, Role};
+use crate::ops::{gelu_tanh_mul, rms_norm, rms_norm_rows, softcap, Rope};
+
+/// Which positions of a block get logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogitsMode {
+    /// Every block position (verification).
+    #[default]
+    All,
+    /// Only the last position (prefill, plain decoding).
+    Last,
+    /// None (context-only forwards).
+    None,
+}
+
+/// What a forward should return besides updating the cache.
+#[derive(Debug, Clone, Default)]
+pub struct ForwardOptions {
+    /// Which positions get logits.
+    pub logits: LogitsMode,
+    /// Hidden states to return: `i < num_layers` is the output of decoder layer `i`,
+    /// `i == num_layers` the output of the final norm.
+    pub taps: Vec<usize>,
+}
+
+/// Result of one forward over a block of `m` tokens.
+#[derive(Debug)]
+pub struct ForwardOutput {
+    /// `[rows, vocab]` f32 logits (`rows` = `m`, 1 or 0 by [`LogitsMode`]).
+    pub logits: Option<Tensor>,
+    /// One `[m, hidden]` f32 tensor per requested tap, in request order.
+    pub taps: Vec<Tensor>,
+    /// `[m, hidden]` f32: the final-norm output of every block position.
+    pub last_hidden: Tensor,
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    q: QMatrix,
+    k: QMatrix,
+    v: QMatrix,
+    o: QMatrix,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+    post_attn_norm: Vec<f32>,
+    pre_ffn_norm: Vec<f32>,
+    gate: QMatrix,
+    up: QMatrix,
+    down: QMatrix,
+    post_ffn_norm: Vec<f32>,
+    sliding: bool,
+}
+
+/// A loaded Gemma 3 text model. Immutable and shareable across threads.
+pub struct Gemma3 {
+    cfg: GemmaConfig,
+    embed: QMatrix,
+    lm_head: Option<QMatrix>,
+    layers: Vec<Layer>,
+    final_norm: Vec<f32>,
+    rope_local: Rope,
+    rope_global: Rope,
+}
+
+fn linear(w: &QMatrix, x: &[f32], m: usize) -> Result<Vec<f32>> {
+    let mut out = vec![0f32; m * w.n()];
+    w.matmul(x, m, &mut out)?;
+    Ok(out)
+}
+
+impl Gemma3 {
+    /// Loads a `.gguf` file or an HF directory (`config.json` + safetensors).
+    pub fn load(path: &Path) -> Result<Self> {
+        if path.is_dir() {
+            Self::load_hf(path)
+        } else {
+            Self::load_gguf(path)
+        }
+    }
+
+    /// Loads a llama.cpp GGUF file, keeping quantized weights quantized.
+    pub fn load_gguf(path: &Path) -> Result<Self> {
+        let src = GgufSource::open(path)?;
+        let cfg = config_from_gguf(&src)?;
+        Self::build(cfg, &src)
+    }
+
+    /// Loads an HF-layout directory.
+    pub fn load_hf(dir: &Path) -> Result<Self> {
+        let (src, cfg) = HfSource::open(dir)?;
+        Self::build(cfg, &src)
+    }
+
+    fn build(cfg: GemmaConfig, src: &dyn TensorSource) -> Result<Self> {
+        let (h, f) = (cfg.hidden_size, cfg.intermediate_size);
+        let (qd, kd, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                use LayerTensor::*;
+                let mat = |t, n, k| src.matrix(Role::Layer(i, t), n, k);
+                let vec = |t, n| src.vector(Role::Layer(i, t), n);
+                Ok(Layer {
+                    attn_norm: vec(AttnNorm, h)?,
+                    q: mat(Q, qd, h)?,
+                    k: mat(K, kd, h)?,
+                    v: mat(V, kd, h)?,
+                    o: mat(O, h, qd)?,
+                    q_norm: vec(QNorm, hd)?,
+                    k_norm: vec(KNorm, hd)?,
+                    post_attn_norm: vec(PostAttnNorm, h)?,
+                    pre_ffn_norm: vec(PreFfnNorm, h)?,
+                    gate: mat(Gate, f, h)?,
+                    up: mat(Up, f, h)?,
+                    down: mat(Down, h, f)?,
+                    post_ffn_norm: vec(PostFfnNorm, h)?,
+                    sliding: cfg.is_sliding(i),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let embed = src.matrix(Role::Embed, cfg.vocab_size, h)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(src.matrix(Role::LmHead, cfg.vocab_size, h)?)
+        };
+        let factor = cfg.rope_scaling.as_ref().map_or(1.0, |s| s.factor);
+        Ok(Self {
+            final_norm: src.vector(Role::FinalNorm, h)?,
+            rope_local: Rope::new(hd, cfg.rope_local_base_freq, 1.0),
+            rope_global: Rope::new(hd, cfg.rope_theta, factor),
+            embed,
+            lm_head,
+            layers,
+            cfg,
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &GemmaConfig {
+        &self.cfg
+    }
+
+    /// A fresh KV cache for one sequence of at most `max_len` positions.
+    pub fn new_cache(&self, max_len: usize) -> KvCache {
+        KvCache::new(&self.cfg, max_len.min(self.cfg.max_position_embeddings))
+    }
+
+    /// The input embedding of `token`, scaled by `sqrt(hidden)` as the decoder sees it.
+    pub fn embed_token(&self, token: u32) -> Result<Vec<f32>> {
+        self.check_tokens(&[token])?;
+        let mut row = vec![0f32; self.cfg.hidden_size];
+        self.embed_into(token, &mut row)?;
+        Ok(row)
+    }
+
+    fn embed_into(&self, token: u32, row: &mut [f32]) -> Result<()> {
+        self.embed.dequantize_row(token as usize, row)?;
+        let scale = (self.cfg.hidden_size as f32).sqrt();
+        row.iter_mut().for_each(|x| *x *= scale);
+        Ok(())
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        match tokens.iter().find(|t| **t as usize >= self.cfg.vocab_size) {
+            Some(t) => Err(GemmaError::Request(format!(
+                "token id {t} is outside the vocabulary of {}",
+                self.cfg.vocab_size
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `tokens` at positions `pos..pos+m`, appending their keys and values to `cache`
+    /// (which must hold exactly `pos` positions).
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        pos: usize,
+        cache: &mut KvCache,
+        opts: &ForwardOptions,
+    ) -> Result<ForwardOutput> {
+        let m = tokens.len();
+        if m == 0 {
+            return Err(GemmaError::Request("empty block".into()));
+        }
+        self.check_tokens(tokens)?;
+        if let Some(t) = opts.taps.iter().find(|t| **t > self.cfg.num_hidden_layers) {
+            return Err(GemmaError::Request(format!(
+                "tap {t} is out of range (the model has {} layers)",
+                self.cfg.num_hidden_layers
+            )));
+        }
+        cache.check_append(pos, m)?;
+        let h = self.cfg.hidden_size;
+        let mut x = vec![0f32; m * h];
+        for (row, t) in x.chunks_exact_mut(h).zip(tokens) {
+            self.embed_into(*t, row)?;
+        }
+        let mut taps: Vec<Option<Vec<f32>>> = vec![None; opts.taps.len()];
+        for (i, layer) in self.layers.iter().enumerate() {
+            if let Err(e) = self.layer_forward(layer, i, &mut x, pos, cache) {
+                cache.discard_uncommitted();
+                return Err(e);
+            }
+            for (slot, t) in taps.iter_mut().zip(&opts.taps) {
+                if *t == i {
+                    *slot = Some(x.clone());
+                }
+            }
+        }
+        cache.commit(m);
+        let eps = self.cfg.rms_norm_eps as f32;
+        let normed = rms_norm(&x, &self.final_norm, eps);
+        let logits = match opts.logits {
+            LogitsMode::All => Some(self.logits(&normed, m)?),
+            LogitsMode::Last => Some(self.logits(&normed[(m - 1) * h..], 1)?),
+            LogitsMode::None => None,
+        };
+        let taps = taps
+            .into_iter()
+            .map(|t| Tensor::from_vec(t.unwrap_or_else(|| normed.clone()), (m, h), &Device::Cpu))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(ForwardOutput {
+            logits,
+            taps,
+            last_hidden: Tensor::from_vec(normed, (m, h), &Device::Cpu)?,
+        })
+    }
+
+    fn logits(&self, normed: &[f32], rows: usize) -> Result<Tensor> {
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let mut out = linear(head, normed, rows)?;
+        if let Some(cap) = self.cfg.final_logit_softcapping {
+            softcap(&mut out, cap as f32);
+        }
+        Ok(Tensor::from_vec(out, (rows, self.cfg.vocab_size), &Device::Cpu)?)
+    }
+
+    fn layer_forward(
+        &self,
+        l: &Layer,
+        idx: usize,
+        x: &mut [f32],
+        pos: usize,
+        cache: &mut KvCache,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps as f32);
+        let m = x.len() / h;
+        let normed = rms_norm(x, &l.attn_norm, eps);
+        let mut q = linear(&l.q, &normed, m)?;
+        let mut k = linear(&l.k, &normed, m)?;
+        let v = linear(&l.v, &normed, m)?;
+        rms_norm_rows(&mut q, &l.q_norm, eps);
+        rms_norm_rows(&mut k, &l.k_norm, eps);
+        let rope = if l.sliding { &self.rope_local } else { &self.rope_global };
+        for (r, (qr, kr)) in q
+            .chunks_exact_mut(cfg.q_dim())
+            .zip(k.chunks_exact_mut(cfg.kv_dim()))
+            .enumerate()
+        {
+            rope.apply(qr, pos + r);
+            rope.apply(kr, pos + r);
+        }
+        let kv = cache.layer_mut(idx);
+        kv.k.extend_from_slice(&k);
+        kv.v.extend_from_slice(&v);
+        let spec = AttnSpec {
+            pos0: pos,
+            n_heads: cfg.num_attention_heads,
+            n_kv_heads: cfg.num_key_value_heads,
+            head_dim: hd,
+            scale: (cfg.query_pre_attn_scalar as f32).powf(-0.5),
+            window: l.sliding.then_some(cfg.sliding_window),
+            softcap: cfg.attn_logit_softcapping.map(|c| c as f32),
+        };
+        let attn = attend(&q, &kv.k, &kv.v, spec);
+        let mut o = linear(&l.o, &attn, m)?;
+        rms_norm_rows(&mut o, &l.post_attn_norm, eps);
+        x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+
+        let normed = rms_norm(x, &l.pre_ffn_norm, eps);
+        let mut gate = linear(&l.gate, &normed, m)?;
+        let up = linear(&l.up, &normed, m)?;
+        gelu_tanh_mul(&mut gate, &up);
+        let mut down = linear(&l.down, &gate, m)?;
+        rms_norm_rows(&mut down, &l.post_ffn_norm, eps);
+        x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+}

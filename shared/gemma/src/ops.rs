@@ -1,0 +1,135 @@
+//! Row-wise f32 operations of the forward. Every function treats each row on its own with a
+//! fixed order of arithmetic, so a row's result never depends on how many rows share a call
+//! (the property lossless speculative decoding needs).
+
+/// Dot product with eight fixed accumulator lanes and a fixed final reduction.
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8 * 8;
+    for (ca, cb) in a[..chunks].chunks_exact(8).zip(b[..chunks].chunks_exact(8)) {
+        for i in 0..8 {
+            acc[i] += ca[i] * cb[i];
+        }
+    }
+    for i in chunks..a.len() {
+        acc[i - chunks] += a[i] * b[i];
+    }
+    let s0 = (acc[0] + acc[4]) + (acc[1] + acc[5]);
+    let s1 = (acc[2] + acc[6]) + (acc[3] + acc[7]);
+    s0 + s1
+}
+
+/// In place: each `width`-wide row of `x` becomes `x / rms(x) * scale` (`scale` is `1 + w`).
+pub(crate) fn rms_norm_rows(x: &mut [f32], scale: &[f32], eps: f32) {
+    let width = scale.len();
+    for row in x.chunks_exact_mut(width) {
+        let ms = dot(row, row) / width as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for (v, s) in row.iter_mut().zip(scale) {
+            *v = (*v * inv) * s;
+        }
+    }
+}
+
+/// Returns RMSNorm of `x` rows without changing `x`.
+pub(crate) fn rms_norm(x: &[f32], scale: &[f32], eps: f32) -> Vec<f32> {
+    let mut out = x.to_vec();
+    rms_norm_rows(&mut out, scale, eps);
+    out
+}
+
+/// `tanh`-approximated GELU (`gelu_pytorch_tanh`) of `gate`, times `up`, into `gate`.
+pub(crate) fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+    }
+}
+
+/// `tanh` soft-capping: `cap * tanh(x / cap)`.
+pub(crate) fn softcap(x: &mut [f32], cap: f32) {
+    for v in x.iter_mut() {
+        *v = cap * (*v / cap).tanh();
+    }
+}
+
+/// Rotary position embedding in the "rotate half" (NeoX) layout used by Gemma.
+#[derive(Debug, Clone)]
+pub(crate) struct Rope {
+    inv_freq: Vec<f32>,
+}
+
+impl Rope {
+    /// Frequencies `1 / base^(2i/d)` divided by the linear scaling `factor`, as transformers
+    /// computes them in f32.
+    pub(crate) fn new(head_dim: usize, base: f64, factor: f64) -> Self {
+        let inv_freq = (0..head_dim / 2)
+            .map(|i| {
+                let exponent = (2 * i) as f32 / head_dim as f32;
+                (1.0 / (base as f32).powf(exponent)) / factor as f32
+            })
+            .collect();
+        Self { inv_freq }
+    }
+
+    /// Rotates every `head_dim`-wide head of `row` for absolute position `pos`.
+    pub(crate) fn apply(&self, row: &mut [f32], pos: usize) {
+        let half = self.inv_freq.len();
+        let (cos, sin): (Vec<f32>, Vec<f32>) = self
+            .inv_freq
+            .iter()
+            .map(|f| {
+                let angle = pos as f32 * f;
+                (angle.cos(), angle.sin())
+            })
+            .unzip();
+        for head in row.chunks_exact_mut(2 * half) {
+            let (x1, x2) = head.split_at_mut(half);
+            for i in 0..half {
+                let (a, b) = (x1[i], x2[i]);
+                x1[i] = a * cos[i] - b * sin[i];
+                x2[i] = b * cos[i] + a * sin[i];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_matches_f64() {
+        let a: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..37).map(|i| (i as f32 * 0.11).cos()).collect();
+        let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        assert!((dot(&a, &b) as f64 - exact).abs() < 1e-5);
+    }
+
+    #[test]
+    fn rms_norm_unit_scale_gives_unit_rms() {
+        let mut x = vec![3.0f32, -4.0, 0.0, 5.0, 1.0, 2.0];
+        rms_norm_rows(&mut x, &[1.0; 3], 0.0);
+        for row in x.chunks(3) {
+            let ms: f32 = row.iter().map(|v| v * v).sum::<f32>() / 3.0;
+            assert!((ms - 1.0).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn rope_at_zero_is_identity_and_preserves_norm() {
+        let rope = Rope::new(8, 10_000.0, 1.0);
+        let orig: Vec<f32> = (0..16).map(|i| i as f32 - 7.5).collect();
+        let mut x = orig.clone();
+        rope.apply(&mut x, 0);
+        assert_eq!(x, orig);
+        rope.apply(&mut x, 123);
+        let n0: f32 = orig.iter().map(|v| v * v).sum();
+        let n1: f32 = x.iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() / n0 < 1e-5);
+    }
+}

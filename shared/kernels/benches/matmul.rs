@@ -1,0 +1,172 @@
+//! Matmul benchmarks at Gemma 3 270M shapes, M = 1 (decode) and M = 9
+//! (speculative verification), followed by a table of median times and the
+//! M=9 / M=1 cost ratio.
+//!
+//! The criterion runs and the "hot" columns reuse one matrix, which then
+//! sits in cache. The "cold" columns cycle through enough copies of it
+//! (about [`COLD_BYTES`]) that every call streams its weights from memory, as
+//! in a real forward pass over all layers.
+//!
+//! Run with `cargo bench -p tandem-kernels --bench matmul`; pass
+//! `-- --summary-only` to skip the criterion runs and print only the table.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion};
+use half::f16;
+use tandem_kernels::{QMatrix, QType};
+
+/// `(n, k)` projection shapes of Gemma 3 270M (hidden 640, MLP 2048).
+const SHAPES: [(usize, usize); 3] = [(640, 640), (2048, 640), (640, 2048)];
+/// The tied embedding / LM head: vocabulary 262144 × hidden 640.
+const LM_HEAD: (usize, usize) = (262_144, 640);
+const BATCHES: [usize; 2] = [1, 9];
+/// Total size of the matrix copies used for cold-weight timings.
+const COLD_BYTES: usize = 256 << 20;
+
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// Random codes with small finite scales.
+fn matrix(qtype: QType, n: usize, k: usize, rng: &mut XorShift) -> QMatrix {
+    let bb = qtype.block_bytes();
+    let mut bytes = vec![0u8; n * k / qtype.block_size() * bb];
+    for blk in bytes.chunks_exact_mut(bb) {
+        blk.iter_mut().for_each(|b| *b = rng.next() as u8);
+        let scale = f16::from_f32(0.01 * rng.unit()).to_le_bytes();
+        match qtype {
+            QType::F32 => blk.copy_from_slice(&rng.unit().to_le_bytes()),
+            QType::F16 => blk.copy_from_slice(&f16::from_f32(rng.unit()).to_le_bytes()),
+            QType::Q6_K => blk[208..210].copy_from_slice(&scale),
+            QType::Q8_K => blk[0..4].copy_from_slice(&(0.01 * rng.unit()).to_le_bytes()),
+            QType::Q4_K | QType::Q5_K => {
+                blk[0..2].copy_from_slice(&scale);
+                blk[2..4].copy_from_slice(&scale);
+            }
+            _ => blk[0..2].copy_from_slice(&scale),
+        }
+    }
+    match QMatrix::new(qtype, n, k, bytes) {
+        Ok(w) => w,
+        Err(e) => panic!("bench matrix: {e}"),
+    }
+}
+
+/// Every benchmarked (type, n, k): each type on the shapes its block size
+/// allows, plus the Q8_0 LM head.
+fn cases() -> Vec<(QType, usize, usize)> {
+    let mut cases: Vec<_> = QType::ALL
+        .into_iter()
+        .flat_map(|q| SHAPES.into_iter().map(move |(n, k)| (q, n, k)))
+        .filter(|&(q, _, k)| k % q.block_size() == 0)
+        .collect();
+    cases.push((QType::Q8_0, LM_HEAD.0, LM_HEAD.1));
+    cases
+}
+
+struct Case {
+    name: String,
+    w: QMatrix,
+    x: Vec<f32>,
+    out: Vec<f32>,
+}
+
+fn prepare(rng: &mut XorShift) -> Vec<Case> {
+    let max_m = BATCHES[BATCHES.len() - 1];
+    cases()
+        .into_iter()
+        .map(|(q, n, k)| Case {
+            name: format!("{q:?} {n}x{k}"),
+            w: matrix(q, n, k, rng),
+            x: (0..max_m * k).map(|_| rng.unit()).collect(),
+            out: vec![0f32; max_m * n],
+        })
+        .collect()
+}
+
+fn run(w: &QMatrix, case: &mut Case, m: usize) {
+    let (k, n) = (w.k(), w.n());
+    if let Err(e) = w.matmul(black_box(&case.x[..m * k]), m, &mut case.out[..m * n]) {
+        panic!("{}: {e}", case.name);
+    }
+    black_box(&case.out);
+}
+
+/// Median wall time of one call, over at least 0.4 s and 5 calls, cycling
+/// through `copies` of the case's matrix (just the matrix itself if empty).
+fn median_time(case: &mut Case, copies: &[QMatrix], m: usize) -> Duration {
+    let w = case.w.clone();
+    let pick = |i: usize| copies.get(i % copies.len().max(1)).unwrap_or(&w);
+    run(pick(0), case, m);
+    let mut times = Vec::new();
+    let start = Instant::now();
+    while times.len() < 5 || start.elapsed() < Duration::from_millis(400) {
+        let w = pick(times.len() + 1);
+        let t = Instant::now();
+        run(w, case, m);
+        times.push(t.elapsed());
+    }
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn criterion_runs(cases: &mut [Case]) {
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(20)
+        .configure_from_args();
+    for case in cases.iter_mut() {
+        let mut group = c.benchmark_group(case.name.clone());
+        for m in BATCHES {
+            let w = case.w.clone();
+            group.bench_with_input(BenchmarkId::new("M", m), &m, |b, &m| {
+                b.iter(|| run(&w, case, m))
+            });
+        }
+        group.finish();
+    }
+    c.final_summary();
+}
+
+fn main() {
+    let mut rng = XorShift(0x2545_F491_4F6C_DD1D);
+    let mut cases = prepare(&mut rng);
+    if !std::env::args().any(|a| a == "--summary-only") {
+        criterion_runs(&mut cases);
+    }
+    println!(
+        "\n{:<18} {:>10} {:>10} {:>6} {:>10} {:>10} {:>6}",
+        "weights n x k", "hot M=1", "hot M=9", "ratio", "cold M=1", "cold M=9", "ratio"
+    );
+    for case in &mut cases {
+        let hot = [1, 9].map(|m| median_time(case, &[], m).as_secs_f64() * 1e6);
+        let count = COLD_BYTES / case.w.as_bytes().len();
+        let copies: Vec<QMatrix> = (0..count).map(|_| case.w.clone()).collect();
+        let cold = [1, 9].map(|m| median_time(case, &copies, m).as_secs_f64() * 1e6);
+        println!(
+            "{:<18} {:>10.1} {:>10.1} {:>6.2} {:>10.1} {:>10.1} {:>6.2}",
+            case.name,
+            hot[0],
+            hot[1],
+            hot[1] / hot[0],
+            cold[0],
+            cold[1],
+            cold[1] / cold[0]
+        );
+    }
+    println!("(median microseconds per call; cold = weights streamed from memory)");
+}

@@ -1,0 +1,56 @@
+//! Instruction-set selection.
+
+/// A kernel implementation. Each one is batch invariant on its own; results
+/// of different implementations agree closely but not bit for bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust, any target. Bit-identical on every machine.
+    Scalar,
+    /// x86-64 AVX2 with FMA and F16C, detected at runtime.
+    Avx2,
+    /// [`Isa::Avx2`] plus AVX-VNNI (`dpbusd` / `dpwssd`) for the exact
+    /// integer block dots of the quantized types. Bit-identical to
+    /// [`Isa::Avx2`], only faster.
+    AvxVnni,
+}
+
+impl Isa {
+    /// The fastest implementation this CPU supports.
+    pub fn detect() -> Isa {
+        [Isa::AvxVnni, Isa::Avx2]
+            .into_iter()
+            .find(|isa| isa.is_available())
+            .unwrap_or(Isa::Scalar)
+    }
+
+    /// Whether this CPU can run the implementation.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2 => avx2_available(),
+            Isa::AvxVnni => avx2_available() && avx_vnni_available(),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2_available() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx2_available() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx_vnni_available() -> bool {
+    std::arch::is_x86_feature_detected!("avxvnni")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx_vnni_available() -> bool {
+    false
+}

@@ -1,0 +1,74 @@
+//! Batch-invariant, weight-stationary CPU matmul kernels for GGUF (ggml) weights.
+//!
+//! A [`QMatrix`] owns the raw ggml bytes of a row-major weight matrix with `n`
+//! output rows and `k` inputs, exactly as they are stored in a GGUF file (each
+//! output row is `k / block_size` consecutive blocks). [`QMatrix::matmul`]
+//! multiplies `m` activation rows by that matrix:
+//! `out[i][j] = sum_e x[i][e] * w[j][e]`.
+//!
+//! # How the product is computed
+//!
+//! * Activations are quantized per row the way llama.cpp does on x86: to Q8_0
+//!   blocks of 32 (f16 scale) for [`QType::Q4_0`], [`QType::Q5_0`] and
+//!   [`QType::Q8_0`] weights, and to Q8_K blocks of 256 (f32 scale plus sums
+//!   of 16) for the k-quants. F32 and F16 weights use the f32 activations.
+//! * Each block pair is reduced exactly in integer arithmetic, then scaled and
+//!   accumulated in f32, mirroring ggml's AVX2 `vec_dot` kernels.
+//! * Weight-stationary: a weight block is unpacked once into registers and
+//!   dotted with up to nine activation rows before moving on; with only a few
+//!   activation rows, several weight rows are processed side by side instead.
+//! * Threads (rayon) split the *output rows* only; the `k` reduction of one
+//!   output value always runs on a single thread. Small products run on the
+//!   calling thread.
+//!
+//! # Batch invariance
+//!
+//! For a given activation row and output row, the exact sequence of floating
+//! point operations is fixed by `k` and the selected [`Isa`] alone:
+//!
+//! * activation quantization is per row and reads nothing else;
+//! * each output value owns its own accumulator (eight f32 lanes on AVX2, one
+//!   scalar on the portable path) fed block by block in increasing `k` order,
+//!   always with the same instructions, followed by one fixed horizontal sum;
+//! * integer block dots are exact, so how they are formed cannot matter;
+//! * the register tiling (how many activation and weight rows are computed
+//!   together, which group a row lands in, edge tiles) only changes *which*
+//!   pairs are computed side by side, never the arithmetic of any one pair:
+//!   every tile shape runs the same per-pair code over independent
+//!   accumulators;
+//! * the thread split only decides which output rows a thread owns.
+//!
+//! Hence `matmul` on `m` rows is bit-identical, row by row, to `matmul` on any
+//! subset of those rows, including one row at a time, whatever the thread
+//! count. This is what makes speculative decoding with a batched verifier
+//! lossless. [`Isa::Avx2`] and [`Isa::AvxVnni`] are bit-identical to each
+//! other; the portable [`Isa::Scalar`] path is invariant too but sums in a
+//! different order, so it agrees with them only to rounding.
+//!
+//! # Instruction sets
+//!
+//! [`Isa::detect`] picks AVX2 (with FMA and F16C, plus AVX-VNNI when present)
+//! at runtime and otherwise the portable path. [`QMatrix::matmul_with`]
+//! forces a particular one.
+
+mod dequant;
+mod error;
+mod float;
+mod isa;
+mod kquants;
+#[cfg(target_arch = "x86_64")]
+mod kquants_avx2;
+mod matrix;
+mod q8;
+#[cfg(target_arch = "x86_64")]
+mod q8_x86;
+mod qtype;
+mod quantize;
+#[cfg(target_arch = "x86_64")]
+mod simd;
+mod tile;
+
+pub use error::KernelError;
+pub use isa::Isa;
+pub use matrix::QMatrix;
+pub use qtype::QType;

@@ -1,0 +1,8 @@
+//! Integration tests of `tandem-kernels`: accuracy, batch invariance,
+//! dequantization and error handling.
+
+mod common;
+mod dequant;
+mod errors;
+mod invariance;
+mod matmul;

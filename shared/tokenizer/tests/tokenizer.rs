@@ -1,0 +1,88 @@
+//! Tests against the real Gemma 3 tokenizer (fetched by scripts/fetch-models.sh).
+
+use std::path::PathBuf;
+
+use proptest::prelude::*;
+use tandem_tokenizer::GemmaTokenizer;
+
+fn tokenizer_path() -> PathBuf {
+    let dir = std::env::var_os("TANDEM_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tandem/models")
+    });
+    let path = dir.join("gemma-3-tokenizer/tokenizer.json");
+    assert!(
+        path.is_file(),
+        "{} missing: run scripts/fetch-models.sh first",
+        path.display()
+    );
+    path
+}
+
+fn tok() -> &'static GemmaTokenizer {
+    static TOK: std::sync::OnceLock<GemmaTokenizer> = std::sync::OnceLock::new();
+    TOK.get_or_init(|| GemmaTokenizer::from_file(&tokenizer_path()).expect("load tokenizer"))
+}
+
+fn stream_all(ids: &[u32]) -> (String, Vec<String>) {
+    let mut dec = tok().stream();
+    let mut pieces = Vec::new();
+    for id in ids {
+        if let Some(p) = dec.push(*id).expect("push") {
+            pieces.push(p);
+        }
+    }
+    if let Some(p) = dec.finish().expect("finish") {
+        pieces.push(p);
+    }
+    (pieces.concat(), pieces)
+}
+
+#[test]
+fn special_ids_and_bos() {
+    let t = tok();
+    assert_eq!(t.bos_id(), 2);
+    assert_eq!(t.stop_ids(), &[1, 106]);
+    assert_eq!(t.vocab_size(), 262_144);
+    let ids = t.encode("Hello world", true).expect("encode");
+    assert_eq!(ids[0], 2);
+    assert_eq!(t.encode("Hello world", false).expect("encode"), ids[1..]);
+    assert_eq!(t.decode(&ids).expect("decode"), "Hello world");
+}
+
+#[test]
+fn stream_never_splits_multibyte_characters() {
+    let text = "Café 東京 🦀🦀 naïve — ok";
+    let ids = tok().encode(text, false).expect("encode");
+    let (joined, pieces) = stream_all(&ids);
+    assert_eq!(joined, text);
+    assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')));
+}
+
+#[test]
+fn byte_fallback_bytes_are_held_until_complete() {
+    let t = tok();
+    let bytes: Vec<u32> = "🦀".bytes().map(|b| t.token_id(&format!("<0x{b:02X}>")).expect("byte token")).collect();
+    let mut dec = t.stream();
+    for id in &bytes[..3] {
+        assert_eq!(dec.push(*id).expect("push"), None);
+    }
+    assert_eq!(dec.push(bytes[3]).expect("push").as_deref(), Some("🦀"));
+}
+
+#[test]
+fn missing_file_is_a_clear_error() {
+    let err = GemmaTokenizer::from_file(std::path::Path::new("/nonexistent/tokenizer.json"))
+        .err()
+        .expect("must fail");
+    assert!(err.to_string().contains("file not found"), "{err}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn streaming_equals_full_decode(text in "\\PC{0,40}") {
+        let ids = tok().encode(&text, false).expect("encode");
+        let (joined, _) = stream_all(&ids);
+        prop_assert_eq!(joined, tok().decode(&ids).expect("decode"));
+    }
+}
