@@ -61,6 +61,7 @@ fn per_group(v: [u8; 8]) -> __m256i {
     _mm256_set_m128i(_mm_unpackhi_epi16(w, w), _mm_unpacklo_epi16(w, w))
 }
 
+/// Unpacks one super-block of type `T` (the bytes of `blk`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn unpack<const T: u8>(blk: &[u8]) -> Unpacked {

@@ -10,7 +10,7 @@ const PARALLEL_MIN_MACS: usize = 1 << 17;
 /// Smallest share of work (multiply-accumulates) handed to one rayon task.
 const TASK_MIN_MACS: usize = 1 << 15;
 /// Rayon tasks per thread, for load balance.
-const TASKS_PER_THREAD: usize = 8;
+const TASKS_PER_THREAD: usize = 4;
 
 /// A row-major weight matrix of `n` output rows by `k` inputs stored in a
 /// ggml format: each row is `k / block_size` consecutive blocks, exactly as
