@@ -27,7 +27,7 @@ pub(crate) struct AttnSpec {
 }
 
 /// Work below this many multiply-adds runs on the calling thread.
-const PARALLEL_MIN_WORK: usize = 1 << 16;
+const PARALLEL_MIN_WORK: usize = 1 << 20;
 
 /// `q` is `m × (n_heads*head_dim)`; `k`/`v` hold positions `0..pos0+m` of
 /// `n_kv_heads*head_dim` each. Returns `m × (n_heads*head_dim)`.

@@ -66,8 +66,8 @@ pub enum GemmaError {
         /// The digest of the file (hex).
         actual: String,
     },
-    /// An error from candle.
-    #[error(transparent)]
+    /// An error from candle (shown without the backtrace candle may attach).
+    #[error("{}", candle_message(.0))]
     Candle(#[from] candle_core::Error),
     /// An error from the CPU kernels.
     #[error(transparent)]
@@ -76,6 +76,11 @@ pub enum GemmaError {
 
 /// Result alias of this crate.
 pub type Result<T> = std::result::Result<T, GemmaError>;
+
+/// The first line of a candle error: candle appends a backtrace when `RUST_BACKTRACE` is set.
+pub(crate) fn candle_message(e: &candle_core::Error) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_string()
+}
 
 impl GemmaError {
     pub(crate) fn format(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {

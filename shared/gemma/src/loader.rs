@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use tandem_kernels::{QMatrix, QType};
 
 use crate::config::GemmaConfig;
-use crate::error::{GemmaError, Result};
+use crate::error::{candle_message, GemmaError, Result};
 use crate::names::Role;
 
 /// Where a model's tensors come from.
@@ -66,7 +66,9 @@ impl GgufSource {
     pub(crate) fn open(path: &Path) -> Result<Self> {
         let mut file = std::fs::File::open(path).map_err(|e| GemmaError::io(path, e))?;
         let content = gguf_file::Content::read(&mut file)
-            .map_err(|e| GemmaError::format(path, format!("not a readable GGUF file: {e}")))?;
+            .map_err(|e| {
+            GemmaError::format(path, format!("not a readable GGUF file: {}", candle_message(&e)))
+        })?;
         // SAFETY: the file is opened read-only and the map lives as long as this source;
         // a model file being rewritten under a running process is outside our contract.
         let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| GemmaError::io(path, e))?;
@@ -157,7 +159,9 @@ impl HfSource {
         let files = Self::shard_files(dir)?;
         // SAFETY: files are mapped read-only for the lifetime of the source.
         let tensors = unsafe { MmapedSafetensors::multi(&files) }
-            .map_err(|e| GemmaError::format(dir, format!("unreadable safetensors: {e}")))?;
+            .map_err(|e| {
+                GemmaError::format(dir, format!("unreadable safetensors: {}", candle_message(&e)))
+            })?;
         Ok((
             Self {
                 dir: dir.to_path_buf(),
@@ -211,7 +215,7 @@ impl HfSource {
         let t = self
             .tensors
             .load(name, &candle_core::Device::Cpu)
-            .map_err(|e| GemmaError::format(&self.dir, format!("tensor {name}: {e}")))?;
+            .map_err(|e| GemmaError::format(&self.dir, format!("tensor {name}: {}", candle_message(&e))))?;
         let t = t.to_dtype(candle_core::DType::F32)?.flatten_all()?;
         Ok(t.to_vec1::<f32>()?)
     }
