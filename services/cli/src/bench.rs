@@ -70,6 +70,7 @@ struct BlockCost {
 
 #[derive(Serialize)]
 struct TargetReport {
+    precision: String,
     threads: usize,
     prompt_tokens: usize,
     prefill_tok_s: f64,
@@ -96,7 +97,9 @@ fn target(a: TargetArgs) -> Result<()> {
         bail!("repeats, block sizes and prompt tokens must be >= 1 and decode tokens >= 2");
     }
     let (model, tok) = a.models.load()?;
-    let need = a.prompt_tokens.max(a.context + a.blocks.iter().max().copied().unwrap_or(1));
+    let need = a
+        .prompt_tokens
+        .max(a.context + a.blocks.iter().max().copied().unwrap_or(1));
     let mut ids = tok.encode(&PASSAGE.repeat(need / 40 + 2), true)?;
     ids.truncate(need);
     let last = ForwardOptions {
@@ -112,13 +115,16 @@ fn target(a: TargetArgs) -> Result<()> {
         prefill.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
         let mut sampler = Sampler::new(SamplingParams::default())?;
         let prompt = &ids[..a.prompt_tokens.min(32)];
-        let run = decode_plain(&model, prompt, a.decode_tokens, &mut sampler, &[], |_| Ok(()))?;
+        let run = decode_plain(&model, prompt, a.decode_tokens, &mut sampler, &[], |_| {
+            Ok(())
+        })?;
         decode.push((run.tokens.len() - 1) as f64 / run.decode_s);
     }
     let decode_tok_s = median(decode);
     let step_ms = 1000.0 / decode_tok_s;
     let blocks = block_costs(&model, &ids, &a, step_ms)?;
     let report = TargetReport {
+        precision: format!("{:?}", model.precision()).to_lowercase(),
         threads: rayon_threads(),
         prompt_tokens: a.prompt_tokens,
         prefill_tok_s: median(prefill),
@@ -139,7 +145,12 @@ fn target(a: TargetArgs) -> Result<()> {
     Ok(())
 }
 
-fn block_costs(model: &Gemma3, ids: &[u32], a: &TargetArgs, step_ms: f64) -> Result<Vec<BlockCost>> {
+fn block_costs(
+    model: &Gemma3,
+    ids: &[u32],
+    a: &TargetArgs,
+    step_ms: f64,
+) -> Result<Vec<BlockCost>> {
     let all = ForwardOptions::default();
     let none = ForwardOptions {
         logits: LogitsMode::None,
@@ -173,8 +184,12 @@ fn rayon_threads() -> usize {
 }
 
 fn print_report(r: &TargetReport) {
+    println!("precision            {}", r.precision);
     println!("threads              {}", r.threads);
-    println!("prefill ({} tok)     {:.1} tok/s", r.prompt_tokens, r.prefill_tok_s);
+    println!(
+        "prefill ({} tok)     {:.1} tok/s",
+        r.prompt_tokens, r.prefill_tok_s
+    );
     println!(
         "decode ({} tok)      {:.1} tok/s ({:.1} ms/token)",
         r.decode_tokens, r.decode_tok_s, r.decode_ms_per_token

@@ -65,7 +65,11 @@ pub fn decode_plain(
     };
     let t0 = Instant::now();
     let out = model.forward(prompt, 0, &mut cache, &last)?;
-    let mut logits = out.logits.context("no logits")?.flatten_all()?.to_vec1::<f32>()?;
+    let mut logits = out
+        .logits
+        .context("no logits")?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut tokens = Vec::with_capacity(max_tokens);
@@ -77,7 +81,11 @@ pub fn decode_plain(
             break;
         }
         let out = model.forward(&[next], cache.len(), &mut cache, &last)?;
-        logits = out.logits.context("no logits")?.flatten_all()?.to_vec1::<f32>()?;
+        logits = out
+            .logits
+            .context("no logits")?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
     }
     Ok(PlainRun {
         tokens,
@@ -99,8 +107,19 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     let (model, tok) = args.models.load()?;
     let prompt = tok.encode(&args.prompt, true)?;
-    let stop_ids: Vec<u32> = if args.ignore_eos { vec![] } else { tok.stop_ids().to_vec() };
-    let run = stream_generation(&model, &tok, &prompt, args.max_tokens, &mut sampler, &stop_ids)?;
+    let stop_ids: Vec<u32> = if args.ignore_eos {
+        vec![]
+    } else {
+        tok.stop_ids().to_vec()
+    };
+    let run = stream_generation(
+        &model,
+        &tok,
+        &prompt,
+        args.max_tokens,
+        &mut sampler,
+        &stop_ids,
+    )?;
     let n = run.tokens.len();
     eprintln!(
         "\n[prompt {} tokens, prefill {:.1} tok/s | generated {} tokens, decode {:.1} tok/s]",

@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
-use tandem_gemma::Gemma3;
+use clap::{Args, ValueEnum};
+use tandem_gemma::{Gemma3, LoadOptions, Precision};
 use tandem_tokenizer::GemmaTokenizer;
 
 /// File name of the default target inside the models folder.
@@ -27,6 +27,28 @@ pub struct ModelArgs {
     /// Check the model file against this SHA-256 before loading.
     #[arg(long)]
     pub model_sha256: Option<String>,
+    /// Activation precision of quantized matmuls: `exact` (f32, what transformers computes)
+    /// or `int8` (llama.cpp-style 8-bit activations).
+    #[arg(long, env = "TANDEM_PRECISION", value_enum, default_value_t = PrecisionArg::Exact)]
+    pub precision: PrecisionArg,
+}
+
+/// `--precision` values.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrecisionArg {
+    /// f32 activations, exactly dequantized weights.
+    Exact,
+    /// 8-bit activations per block (llama.cpp style).
+    Int8,
+}
+
+impl From<PrecisionArg> for Precision {
+    fn from(p: PrecisionArg) -> Self {
+        match p {
+            PrecisionArg::Exact => Precision::Exact,
+            PrecisionArg::Int8 => Precision::Int8,
+        }
+    }
 }
 
 impl ModelArgs {
@@ -38,7 +60,9 @@ impl ModelArgs {
     }
 
     fn resolve(&self, explicit: &Option<PathBuf>, default: &str, what: &str) -> Result<PathBuf> {
-        let path = explicit.clone().unwrap_or_else(|| self.models_dir().join(default));
+        let path = explicit
+            .clone()
+            .unwrap_or_else(|| self.models_dir().join(default));
         if !path.exists() {
             bail!(
                 "{what} not found at {}; run scripts/fetch-models.sh or pass --{what}",
@@ -55,7 +79,10 @@ impl ModelArgs {
         if let Some(sum) = &self.model_sha256 {
             tandem_gemma::verify_sha256(&model_path, sum)?;
         }
-        let model = Gemma3::load(&model_path)
+        let opts = LoadOptions {
+            precision: self.precision.into(),
+        };
+        let model = Gemma3::load_with(&model_path, &opts)
             .with_context(|| format!("loading {}", display(&model_path)))?;
         let tok = GemmaTokenizer::from_file(&tok_path)?;
         Ok((model, tok))

@@ -6,9 +6,11 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn models_dir() -> PathBuf {
-    std::env::var_os("TANDEM_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tandem/models")
-    })
+    std::env::var_os("TANDEM_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tandem/models")
+        })
 }
 
 fn tandem(args: &[&str]) -> Output {
@@ -36,7 +38,10 @@ fn generate_streams_greedy_text_and_speed() {
     let out = tandem(&["generate", "--prompt", "1, 2, 3,", "--max-tokens", "12"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8(out.stdout.clone()).expect("utf-8");
-    assert!(text.starts_with(" 4, 5, 6,"), "unexpected continuation {text:?}");
+    assert!(
+        text.starts_with(" 4, 5, 6,"),
+        "unexpected continuation {text:?}"
+    );
     let err = stderr(&out);
     assert!(err.contains("decode") && err.contains("tok/s"), "{err}");
 }
@@ -44,8 +49,19 @@ fn generate_streams_greedy_text_and_speed() {
 #[test]
 fn sampling_is_reproducible_with_a_seed() {
     let args = [
-        "generate", "--prompt", "Once upon a time", "--max-tokens", "10", "--temperature", "0.9",
-        "--top-k", "40", "--top-p", "0.95", "--seed", "7",
+        "generate",
+        "--prompt",
+        "Once upon a time",
+        "--max-tokens",
+        "10",
+        "--temperature",
+        "0.9",
+        "--top-k",
+        "40",
+        "--top-p",
+        "0.95",
+        "--seed",
+        "7",
     ];
     let a = tandem(&args);
     let b = tandem(&args);
@@ -58,29 +74,56 @@ fn assert_one_line_error(out: &Output, needle: &str) {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(out));
     let err = stderr(out);
     assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
-    assert!(err.starts_with("tandem: error:") && err.contains(needle), "{err}");
+    assert!(
+        err.starts_with("tandem: error:") && err.contains(needle),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]
 fn bad_input_is_one_clear_line() {
     assert_one_line_error(
-        &tandem(&["generate", "--prompt", "x", "--model", "/nonexistent/m.gguf"]),
+        &tandem(&[
+            "generate",
+            "--prompt",
+            "x",
+            "--model",
+            "/nonexistent/m.gguf",
+        ]),
         "model not found",
     );
     assert_one_line_error(
         &tandem(&["generate", "--prompt", "x", "--temperature=-1"]),
         "temperature",
     );
-    assert_one_line_error(&tandem(&["generate", "--prompt", "x", "--top-p", "0"]), "top_p");
-    assert_one_line_error(&tandem(&["generate", "--prompt", "x", "--max-tokens", "0"]), "max-tokens");
+    assert_one_line_error(
+        &tandem(&["generate", "--prompt", "x", "--top-p", "0"]),
+        "top_p",
+    );
+    assert_one_line_error(
+        &tandem(&["generate", "--prompt", "x", "--max-tokens", "0"]),
+        "max-tokens",
+    );
     let tmp = std::env::temp_dir().join(format!("tandem-cli-bad-{}.gguf", std::process::id()));
     std::fs::write(&tmp, b"not a model").expect("write");
-    let out = tandem(&["generate", "--prompt", "x", "--model", tmp.to_str().expect("utf-8")]);
+    let out = tandem(&[
+        "generate",
+        "--prompt",
+        "x",
+        "--model",
+        tmp.to_str().expect("utf-8"),
+    ]);
     std::fs::remove_file(&tmp).ok();
     assert_one_line_error(&out, "not a readable GGUF");
     assert_one_line_error(
-        &tandem(&["generate", "--prompt", "x", "--model-sha256", &"0".repeat(64)]),
+        &tandem(&[
+            "generate",
+            "--prompt",
+            "x",
+            "--model-sha256",
+            &"0".repeat(64),
+        ]),
         "checksum mismatch",
     );
 }

@@ -3,4 +3,4 @@
 
 pub mod sampling;
 
-pub use sampling::{argmax, SamplingError, SamplingParams, Sampler, SparseDist};
+pub use sampling::{argmax, Sampler, SamplingError, SamplingParams, SparseDist};

@@ -113,10 +113,18 @@ mod tests {
         for window in [None, Some(3)] {
             let block = attend(&q, &k[..40], &v[..40], spec(4, window));
             for r in 0..6 {
-                let one = attend(&q[r * 8..][..8], &k[..(5 + r) * 4], &v[..(5 + r) * 4], spec(4 + r, window));
+                let one = attend(
+                    &q[r * 8..][..8],
+                    &k[..(5 + r) * 4],
+                    &v[..(5 + r) * 4],
+                    spec(4 + r, window),
+                );
                 assert_eq!(
                     one.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                    block[r * 8..][..8].iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                    block[r * 8..][..8]
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .collect::<Vec<_>>()
                 );
             }
         }
@@ -133,7 +141,9 @@ mod tests {
     #[test]
     fn window_limits_visible_keys() {
         let k = vec![0.0; 3 * 4];
-        let v = vec![10.0, 10.0, 10.0, 10.0, 0.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0];
+        let v = vec![
+            10.0, 10.0, 10.0, 10.0, 0.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0,
+        ];
         let q = vec![0.0; 8];
         let out = attend(&q, &k, &v, spec(2, Some(2)));
         assert!(out.iter().all(|x| (*x - 1.0).abs() < 1e-6), "{out:?}");

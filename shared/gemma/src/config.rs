@@ -142,13 +142,16 @@ impl GemmaConfig {
         if self.num_attention_heads == 0 || self.num_key_value_heads == 0 || self.head_dim == 0 {
             return bad("head counts and head_dim must be positive".into());
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return bad(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad(format!("head_dim {} must be even for RoPE", self.head_dim));
         }
         if self.sliding_window == 0 || self.sliding_window_pattern == 0 {
@@ -190,7 +193,7 @@ impl GemmaConfig {
     pub fn is_sliding(&self, layer: usize) -> bool {
         match &self.layer_types {
             Some(types) => types[layer] == "sliding_attention",
-            None => (layer + 1) % self.sliding_window_pattern != 0,
+            None => !(layer + 1).is_multiple_of(self.sliding_window_pattern),
         }
     }
 

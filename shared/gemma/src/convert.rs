@@ -15,7 +15,21 @@ use crate::names::{LayerTensor, Role};
 
 const LAYER_TENSORS: [LayerTensor; 13] = {
     use LayerTensor::*;
-    [AttnNorm, Q, K, V, O, QNorm, KNorm, PostAttnNorm, PreFfnNorm, Gate, Up, Down, PostFfnNorm]
+    [
+        AttnNorm,
+        Q,
+        K,
+        V,
+        O,
+        QNorm,
+        KNorm,
+        PostAttnNorm,
+        PreFfnNorm,
+        Gate,
+        Up,
+        Down,
+        PostFfnNorm,
+    ]
 };
 
 fn roles(cfg: &GemmaConfig) -> Vec<Role> {

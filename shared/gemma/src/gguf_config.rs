@@ -27,7 +27,8 @@ impl Meta<'_> {
         let v = self
             .get(key)
             .ok_or_else(|| self.err(format!("metadata {}.{key} is missing", self.arch)))?;
-        value_usize(v).ok_or_else(|| self.err(format!("metadata {}.{key} is not an integer", self.arch)))
+        value_usize(v)
+            .ok_or_else(|| self.err(format!("metadata {}.{key} is not an integer", self.arch)))
     }
 
     fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
@@ -64,7 +65,12 @@ fn value_f64(v: &Value) -> Option<f64> {
 pub(crate) fn config_from_gguf(src: &GgufSource) -> Result<GemmaConfig> {
     let arch = match src.metadata().get("general.architecture") {
         Some(Value::String(s)) => s.clone(),
-        _ => return Err(GemmaError::format(src.path(), "metadata general.architecture is missing")),
+        _ => {
+            return Err(GemmaError::format(
+                src.path(),
+                "metadata general.architecture is missing",
+            ))
+        }
     };
     if arch != "gemma3" {
         return Err(GemmaError::format(
@@ -111,7 +117,7 @@ pub(crate) fn config_from_gguf(src: &GgufSource) -> Result<GemmaConfig> {
         attn_logit_softcapping: m.get("attn_logit_softcapping").and_then(value_f64),
         final_logit_softcapping: m.get("final_logit_softcapping").and_then(value_f64),
         max_position_embeddings: m.usize("context_length").unwrap_or(32_768),
-        tie_word_embeddings: !src.dims("output.weight").is_some(),
+        tie_word_embeddings: src.dims("output.weight").is_none(),
         hidden_activation: "gelu_pytorch_tanh".into(),
         bos_token_id: meta_u32("tokenizer.ggml.bos_token_id", 2),
         eos_token_id: vec![meta_u32("tokenizer.ggml.eos_token_id", 1)],

@@ -21,4 +21,4 @@ pub use convert::{export_hf, hf_config_json};
 pub use error::{GemmaError, Result};
 pub use kv_cache::KvCache;
 pub use loader::verify_sha256;
-pub use model::{ForwardOptions, ForwardOutput, Gemma3, LogitsMode};
+pub use model::{ForwardOptions, ForwardOutput, Gemma3, LoadOptions, LogitsMode, Precision};

@@ -65,9 +65,11 @@ pub(crate) struct GgufSource {
 impl GgufSource {
     pub(crate) fn open(path: &Path) -> Result<Self> {
         let mut file = std::fs::File::open(path).map_err(|e| GemmaError::io(path, e))?;
-        let content = gguf_file::Content::read(&mut file)
-            .map_err(|e| {
-            GemmaError::format(path, format!("not a readable GGUF file: {}", candle_message(&e)))
+        let content = gguf_file::Content::read(&mut file).map_err(|e| {
+            GemmaError::format(
+                path,
+                format!("not a readable GGUF file: {}", candle_message(&e)),
+            )
         })?;
         // SAFETY: the file is opened read-only and the map lives as long as this source;
         // a model file being rewritten under a running process is outside our contract.
@@ -113,7 +115,10 @@ impl GgufSource {
         let len = elems / block * info.ggml_dtype.type_size();
         let start = self.content.tensor_data_offset as usize + info.offset as usize;
         let bytes = self.mmap.get(start..start + len).ok_or_else(|| {
-            GemmaError::format(&self.path, format!("tensor {name} runs past the end of the file (truncated?)"))
+            GemmaError::format(
+                &self.path,
+                format!("tensor {name} runs past the end of the file (truncated?)"),
+            )
         })?;
         Ok((qtype, info.shape.dims().to_vec(), bytes))
     }
@@ -131,9 +136,11 @@ impl TensorSource for GgufSource {
         let name = role.gguf_name();
         let (qtype, dims, bytes) = self.raw(&name)?;
         check_shape(&name, &dims, &[len])?;
-        let m = QMatrix::new(qtype, 1, len, bytes.to_vec()).map_err(|_| GemmaError::UnsupportedType {
-            tensor: name.clone(),
-            dtype: format!("{qtype:?} (as a vector)"),
+        let m = QMatrix::new(qtype, 1, len, bytes.to_vec()).map_err(|_| {
+            GemmaError::UnsupportedType {
+                tensor: name.clone(),
+                dtype: format!("{qtype:?} (as a vector)"),
+            }
         })?;
         let mut out = vec![0f32; len];
         m.dequantize_row(0, &mut out)?;
@@ -158,10 +165,12 @@ impl HfSource {
         })?;
         let files = Self::shard_files(dir)?;
         // SAFETY: files are mapped read-only for the lifetime of the source.
-        let tensors = unsafe { MmapedSafetensors::multi(&files) }
-            .map_err(|e| {
-                GemmaError::format(dir, format!("unreadable safetensors: {}", candle_message(&e)))
-            })?;
+        let tensors = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| {
+            GemmaError::format(
+                dir,
+                format!("unreadable safetensors: {}", candle_message(&e)),
+            )
+        })?;
         Ok((
             Self {
                 dir: dir.to_path_buf(),
@@ -215,7 +224,9 @@ impl HfSource {
         let t = self
             .tensors
             .load(name, &candle_core::Device::Cpu)
-            .map_err(|e| GemmaError::format(&self.dir, format!("tensor {name}: {}", candle_message(&e))))?;
+            .map_err(|e| {
+                GemmaError::format(&self.dir, format!("tensor {name}: {}", candle_message(&e)))
+            })?;
         let t = t.to_dtype(candle_core::DType::F32)?.flatten_all()?;
         Ok(t.to_vec1::<f32>()?)
     }
@@ -250,7 +261,11 @@ pub fn verify_sha256(path: &Path, expected: &str) -> Result<()> {
         }
         hasher.update(&buf[..n]);
     }
-    let actual: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let actual: String = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     if !actual.eq_ignore_ascii_case(expected.trim()) {
         return Err(GemmaError::Checksum {
             path: path.to_path_buf(),

@@ -10,10 +10,21 @@ use common::*;
 use proptest::prelude::*;
 use tandem_gemma::{ForwardOptions, Gemma3, GemmaError, LogitsMode};
 
-fn logits_of(model: &Gemma3, tokens: &[u32], pos: usize, cache: &mut tandem_gemma::KvCache, mode: LogitsMode) -> Vec<f32> {
-    let opts = ForwardOptions { logits: mode, taps: vec![] };
+fn logits_of(
+    model: &Gemma3,
+    tokens: &[u32],
+    pos: usize,
+    cache: &mut tandem_gemma::KvCache,
+    mode: LogitsMode,
+) -> Vec<f32> {
+    let opts = ForwardOptions {
+        logits: mode,
+        taps: vec![],
+    };
     let out = model.forward(tokens, pos, cache, &opts).expect("forward");
-    out.logits.map_or_else(Vec::new, |l| l.flatten_all().expect("flat").to_vec1().expect("vec"))
+    out.logits.map_or_else(Vec::new, |l| {
+        l.flatten_all().expect("flat").to_vec1().expect("vec")
+    })
 }
 
 fn tiny_hf(cfg: &tandem_gemma::GemmaConfig) -> (tempfile::TempDir, Gemma3) {
@@ -54,15 +65,20 @@ fn matches_candle_transformers_gemma3_over_blocks() {
     };
     let st = dir.path().join("model.safetensors");
     // SAFETY: the file was just written by this test and is not modified while mapped.
-    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[st], DType::F32, &Device::Cpu) }.expect("vb");
-    let mut reference = candle_transformers::models::gemma3::Model::new(false, &ct_cfg, vb).expect("ct model");
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[st], DType::F32, &Device::Cpu) }
+        .expect("vb");
+    let mut reference =
+        candle_transformers::models::gemma3::Model::new(false, &ct_cfg, vb).expect("ct model");
     let tokens = Lcg::new(5).tokens(19, cfg.vocab_size);
     let mut cache = ours.new_cache(64);
     let mut pos = 0;
     for len in [7usize, 3, 1, 5, 2, 1] {
         let block = &tokens[pos..pos + len];
         let got = logits_of(&ours, block, pos, &mut cache, LogitsMode::Last);
-        let input = Tensor::new(block, &Device::Cpu).expect("t").unsqueeze(0).expect("u");
+        let input = Tensor::new(block, &Device::Cpu)
+            .expect("t")
+            .unsqueeze(0)
+            .expect("u");
         let want: Vec<f32> = reference
             .forward(&input, pos)
             .expect("ct forward")
@@ -90,13 +106,25 @@ fn hf_and_gguf_paths_agree() {
     for (dtype, tol) in [(GgmlDType::F32, 0.0f32), (GgmlDType::Q8_0, 0.03 * scale)] {
         let tmp = tempfile::tempdir().expect("tempdir");
         let path = tmp.path().join("tiny.gguf");
-        write_gguf(&path, &GgufSpec { cfg: &cfg, seed: 11, matrix_type: dtype, arch: "gemma3", skip: &[] });
+        write_gguf(
+            &path,
+            &GgufSpec {
+                cfg: &cfg,
+                seed: 11,
+                matrix_type: dtype,
+                arch: "gemma3",
+                skip: &[],
+            },
+        );
         let gguf = Gemma3::load(&path).expect("load gguf");
         assert_eq!(gguf.config(), hf.config(), "configs differ for {dtype:?}");
         let mut c = gguf.new_cache(64);
         let got = logits_of(&gguf, &tokens, 0, &mut c, LogitsMode::All);
         let diff = max_abs_diff(&got, &want);
-        assert!(diff <= tol, "{dtype:?}: max |diff| {diff} > {tol} (largest logit {scale})");
+        assert!(
+            diff <= tol,
+            "{dtype:?}: max |diff| {diff} > {tol} (largest logit {scale})"
+        );
     }
 }
 
@@ -156,13 +184,23 @@ fn taps_are_layer_outputs_and_final_norm() {
     let model = &tiny_model().1;
     let tokens = Lcg::new(3).tokens(5, 96);
     let mut cache = model.new_cache(16);
-    let opts = ForwardOptions { logits: LogitsMode::Last, taps: vec![0, 5, 6] };
-    let out = model.forward(&tokens, 0, &mut cache, &opts).expect("forward");
+    let opts = ForwardOptions {
+        logits: LogitsMode::Last,
+        taps: vec![0, 5, 6],
+    };
+    let out = model
+        .forward(&tokens, 0, &mut cache, &opts)
+        .expect("forward");
     assert_eq!(out.taps.len(), 3);
     for t in &out.taps {
         assert_eq!(t.dims(), &[5, 32]);
     }
-    let last: Vec<f32> = out.last_hidden.flatten_all().expect("f").to_vec1().expect("v");
+    let last: Vec<f32> = out
+        .last_hidden
+        .flatten_all()
+        .expect("f")
+        .to_vec1()
+        .expect("v");
     let tap6: Vec<f32> = out.taps[2].flatten_all().expect("f").to_vec1().expect("v");
     assert_eq!(bits(&last), bits(&tap6));
     let tap0: Vec<f32> = out.taps[0].flatten_all().expect("f").to_vec1().expect("v");
@@ -179,15 +217,33 @@ fn kv_cache_accounts_bytes_and_rejects_misuse() {
     assert_eq!(cache.used_bytes(), 3 * cache.bytes_per_position());
     assert!(cache.allocated_bytes() >= cache.used_bytes());
     let opts = ForwardOptions::default();
-    let err = model.forward(&[1], 2, &mut cache, &opts).expect_err("wrong position");
+    let err = model
+        .forward(&[1], 2, &mut cache, &opts)
+        .expect_err("wrong position");
     assert!(matches!(err, GemmaError::Request(_)), "{err}");
-    let err = model.forward(&[1; 8], 3, &mut cache, &opts).expect_err("too long");
-    assert!(matches!(err, GemmaError::ContextFull { needed: 11, capacity: 10 }), "{err}");
-    let err = model.forward(&[96], 3, &mut cache, &opts).expect_err("bad token");
+    let err = model
+        .forward(&[1; 8], 3, &mut cache, &opts)
+        .expect_err("too long");
+    assert!(
+        matches!(
+            err,
+            GemmaError::ContextFull {
+                needed: 11,
+                capacity: 10
+            }
+        ),
+        "{err}"
+    );
+    let err = model
+        .forward(&[96], 3, &mut cache, &opts)
+        .expect_err("bad token");
     assert!(err.to_string().contains("outside the vocabulary"), "{err}");
     let err = model.forward(&[], 3, &mut cache, &opts).expect_err("empty");
     assert!(matches!(err, GemmaError::Request(_)));
-    let bad_tap = ForwardOptions { logits: LogitsMode::None, taps: vec![7] };
+    let bad_tap = ForwardOptions {
+        logits: LogitsMode::None,
+        taps: vec![7],
+    };
     assert!(model.forward(&[1], 3, &mut cache, &bad_tap).is_err());
     assert_eq!(cache.len(), 3, "failed calls must not change the cache");
     assert!(cache.truncate(4).is_err());
@@ -211,26 +267,77 @@ fn bad_model_files_give_clear_errors() {
 
     let garbage = tmp.path().join("garbage.gguf");
     std::fs::write(&garbage, b"this is not a gguf file at all").expect("write");
-    assert!(load_err(&garbage).contains("not a readable GGUF"), "{}", load_err(&garbage));
+    assert!(
+        load_err(&garbage).contains("not a readable GGUF"),
+        "{}",
+        load_err(&garbage)
+    );
 
     let good = tmp.path().join("good.gguf");
-    write_gguf(&good, &GgufSpec { cfg: &cfg, seed: 1, matrix_type: GgmlDType::Q8_0, arch: "gemma3", skip: &[] });
+    write_gguf(
+        &good,
+        &GgufSpec {
+            cfg: &cfg,
+            seed: 1,
+            matrix_type: GgmlDType::Q8_0,
+            arch: "gemma3",
+            skip: &[],
+        },
+    );
     let bytes = std::fs::read(&good).expect("read");
     let truncated = tmp.path().join("truncated.gguf");
     std::fs::write(&truncated, &bytes[..bytes.len() - 1000]).expect("write");
     let msg = load_err(&truncated);
-    assert!(msg.contains("truncated") || msg.contains("past the end"), "{msg}");
+    assert!(
+        msg.contains("truncated") || msg.contains("past the end"),
+        "{msg}"
+    );
 
     let llama = tmp.path().join("llama.gguf");
-    write_gguf(&llama, &GgufSpec { cfg: &cfg, seed: 1, matrix_type: GgmlDType::F32, arch: "llama", skip: &[] });
-    assert!(load_err(&llama).contains("not supported"), "{}", load_err(&llama));
+    write_gguf(
+        &llama,
+        &GgufSpec {
+            cfg: &cfg,
+            seed: 1,
+            matrix_type: GgmlDType::F32,
+            arch: "llama",
+            skip: &[],
+        },
+    );
+    assert!(
+        load_err(&llama).contains("not supported"),
+        "{}",
+        load_err(&llama)
+    );
 
     let q41 = tmp.path().join("q4_1.gguf");
-    write_gguf(&q41, &GgufSpec { cfg: &cfg, seed: 1, matrix_type: GgmlDType::Q4_1, arch: "gemma3", skip: &[] });
-    assert!(load_err(&q41).contains("unsupported type Q4_1"), "{}", load_err(&q41));
+    write_gguf(
+        &q41,
+        &GgufSpec {
+            cfg: &cfg,
+            seed: 1,
+            matrix_type: GgmlDType::Q4_1,
+            arch: "gemma3",
+            skip: &[],
+        },
+    );
+    assert!(
+        load_err(&q41).contains("unsupported type Q4_1"),
+        "{}",
+        load_err(&q41)
+    );
 
     let holey = tmp.path().join("holey.gguf");
-    write_gguf(&holey, &GgufSpec { cfg: &cfg, seed: 1, matrix_type: GgmlDType::F32, arch: "gemma3", skip: &["blk.3.ffn_up.weight"] });
+    write_gguf(
+        &holey,
+        &GgufSpec {
+            cfg: &cfg,
+            seed: 1,
+            matrix_type: GgmlDType::F32,
+            arch: "gemma3",
+            skip: &["blk.3.ffn_up.weight"],
+        },
+    );
     assert_eq!(load_err(&holey), "missing tensor blk.3.ffn_up.weight");
 }
 
@@ -238,19 +345,34 @@ fn bad_model_files_give_clear_errors() {
 fn unknown_gguf_type_id_is_an_error() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let path = tmp.path().join("t.gguf");
-    write_gguf(&path, &GgufSpec { cfg: &tiny_config(), seed: 1, matrix_type: GgmlDType::F32, arch: "gemma3", skip: &[] });
+    write_gguf(
+        &path,
+        &GgufSpec {
+            cfg: &tiny_config(),
+            seed: 1,
+            matrix_type: GgmlDType::F32,
+            arch: "gemma3",
+            skip: &[],
+        },
+    );
     let mut bytes = std::fs::read(&path).expect("read");
     // The first tensor info follows the metadata; patch its type id (u32 after name, n_dims,
     // dims) to 99, a type no ggml version defines.
     let name = b"blk.0.attn_k.weight";
-    let at = bytes.windows(name.len()).position(|w| w == name).expect("tensor name");
+    let at = bytes
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("tensor name");
     let dims_at = at + name.len();
     let n_dims = u32::from_le_bytes(bytes[dims_at..dims_at + 4].try_into().expect("4")) as usize;
     let type_at = dims_at + 4 + 8 * n_dims;
     bytes[type_at..type_at + 4].copy_from_slice(&99u32.to_le_bytes());
     std::fs::write(&path, &bytes).expect("write");
     let msg = load_err(&path);
-    assert!(msg.contains("unknown dtype") || msg.contains("not a readable GGUF"), "{msg}");
+    assert!(
+        msg.contains("unknown dtype") || msg.contains("not a readable GGUF"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -260,15 +382,26 @@ fn hf_config_mismatch_and_missing_files_are_errors() {
     write_hf(tmp.path(), &cfg, 2);
     let mut wrong = cfg.clone();
     wrong.intermediate_size = 48;
-    std::fs::write(tmp.path().join("config.json"), tandem_gemma::hf_config_json(&wrong)).expect("write");
+    std::fs::write(
+        tmp.path().join("config.json"),
+        tandem_gemma::hf_config_json(&wrong),
+    )
+    .expect("write");
     let msg = load_err(tmp.path());
-    assert!(msg.contains("has shape") && msg.contains("mlp.gate_proj"), "{msg}");
+    assert!(
+        msg.contains("has shape") && msg.contains("mlp.gate_proj"),
+        "{msg}"
+    );
 
     std::fs::write(tmp.path().join("config.json"), "{\"hidden_size\": 3").expect("write");
     assert!(load_err(tmp.path()).contains("config.json"));
 
     std::fs::remove_file(tmp.path().join("model.safetensors")).expect("rm");
-    std::fs::write(tmp.path().join("config.json"), tandem_gemma::hf_config_json(&cfg)).expect("write");
+    std::fs::write(
+        tmp.path().join("config.json"),
+        tandem_gemma::hf_config_json(&cfg),
+    )
+    .expect("write");
     assert!(load_err(tmp.path()).contains("model.safetensors"));
 }
 

@@ -1,6 +1,7 @@
 //! Matmul benchmarks at Gemma 3 270M shapes, M = 1 (decode) and M = 9
-//! (speculative verification), followed by a table of median times and the
-//! M=9 / M=1 cost ratio.
+//! (speculative verification), of `matmul` (8-bit activations) and
+//! `matmul_exact` (f32 activations), followed by a table of median times
+//! and the exact / 8-bit cost ratio.
 //!
 //! The criterion runs and the "hot" columns reuse one matrix, which then
 //! sits in cache. The "cold" columns cycle through enough copies of it
@@ -97,9 +98,23 @@ fn prepare(rng: &mut XorShift) -> Vec<Case> {
         .collect()
 }
 
-fn run(w: &QMatrix, case: &mut Case, m: usize) {
+/// The two products being compared.
+#[derive(Clone, Copy)]
+enum Path {
+    /// `matmul`: activations quantized to 8 bits.
+    Int8,
+    /// `matmul_exact`: f32 activations.
+    Exact,
+}
+
+fn run(w: &QMatrix, case: &mut Case, path: Path, m: usize) {
     let (k, n) = (w.k(), w.n());
-    if let Err(e) = w.matmul(black_box(&case.x[..m * k]), m, &mut case.out[..m * n]) {
+    let (x, out) = (black_box(&case.x[..m * k]), &mut case.out[..m * n]);
+    let result = match path {
+        Path::Int8 => w.matmul(x, m, out),
+        Path::Exact => w.matmul_exact(x, m, out),
+    };
+    if let Err(e) = result {
         panic!("{}: {e}", case.name);
     }
     black_box(&case.out);
@@ -107,16 +122,16 @@ fn run(w: &QMatrix, case: &mut Case, m: usize) {
 
 /// Median wall time of one call, over at least 0.4 s and 5 calls, cycling
 /// through `copies` of the case's matrix (just the matrix itself if empty).
-fn median_time(case: &mut Case, copies: &[QMatrix], m: usize) -> Duration {
+fn median_time(case: &mut Case, copies: &[QMatrix], path: Path, m: usize) -> Duration {
     let w = case.w.clone();
     let pick = |i: usize| copies.get(i % copies.len().max(1)).unwrap_or(&w);
-    run(pick(0), case, m);
+    run(pick(0), case, path, m);
     let mut times = Vec::new();
     let start = Instant::now();
     while times.len() < 5 || start.elapsed() < Duration::from_millis(400) {
         let w = pick(times.len() + 1);
         let t = Instant::now();
-        run(w, case, m);
+        run(w, case, path, m);
         times.push(t.elapsed());
     }
     times.sort();
@@ -131,11 +146,13 @@ fn criterion_runs(cases: &mut [Case]) {
         .configure_from_args();
     for case in cases.iter_mut() {
         let mut group = c.benchmark_group(case.name.clone());
-        for m in BATCHES {
-            let w = case.w.clone();
-            group.bench_with_input(BenchmarkId::new("M", m), &m, |b, &m| {
-                b.iter(|| run(&w, case, m))
-            });
+        for (label, path) in [("int8 M", Path::Int8), ("exact M", Path::Exact)] {
+            for m in BATCHES {
+                let w = case.w.clone();
+                group.bench_with_input(BenchmarkId::new(label, m), &m, |b, &m| {
+                    b.iter(|| run(&w, case, path, m))
+                });
+            }
         }
         group.finish();
     }
@@ -149,24 +166,31 @@ fn main() {
         criterion_runs(&mut cases);
     }
     println!(
-        "\n{:<18} {:>10} {:>10} {:>6} {:>10} {:>10} {:>6}",
-        "weights n x k", "hot M=1", "hot M=9", "ratio", "cold M=1", "cold M=9", "ratio"
+        "\n{:<18} {:>5} {:>10} {:>10} {:>6} {:>10} {:>10} {:>6}",
+        "weights n x k", "heat", "int8 M=1", "exact M=1", "ratio", "int8 M=9", "exact M=9", "ratio"
     );
     for case in &mut cases {
-        let hot = [1, 9].map(|m| median_time(case, &[], m).as_secs_f64() * 1e6);
         let count = COLD_BYTES / case.w.as_bytes().len();
         let copies: Vec<QMatrix> = (0..count).map(|_| case.w.clone()).collect();
-        let cold = [1, 9].map(|m| median_time(case, &copies, m).as_secs_f64() * 1e6);
-        println!(
-            "{:<18} {:>10.1} {:>10.1} {:>6.2} {:>10.1} {:>10.1} {:>6.2}",
-            case.name,
-            hot[0],
-            hot[1],
-            hot[1] / hot[0],
-            cold[0],
-            cold[1],
-            cold[1] / cold[0]
-        );
+        for (heat, copies) in [("hot", &[][..]), ("cold", &copies[..])] {
+            let [[i1, e1], [i9, e9]] = BATCHES.map(|m| {
+                [Path::Int8, Path::Exact]
+                    .map(|p| median_time(case, copies, p, m).as_secs_f64() * 1e6)
+            });
+            println!(
+                "{:<18} {:>5} {:>10.1} {:>10.1} {:>6.2} {:>10.1} {:>10.1} {:>6.2}",
+                case.name,
+                heat,
+                i1,
+                e1,
+                e1 / i1,
+                i9,
+                e9,
+                e9 / i9
+            );
+        }
     }
-    println!("(median microseconds per call; cold = weights streamed from memory)");
+    println!(
+        "(median microseconds per call; cold = weights streamed from memory; ratio = exact / int8)"
+    );
 }

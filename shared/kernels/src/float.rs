@@ -1,10 +1,21 @@
-//! F32 and F16 weights against f32 activations.
+//! f32 activations: the kernels of [`crate::QMatrix::matmul`] for F32 / F16
+//! weights, and of [`crate::QMatrix::matmul_exact`] for every type.
+//!
+//! The portable path dequantizes each weight row once with
+//! [`crate::dequant::dequantize_row`] (F32 / F16 rows are just widened) and
+//! dots it with every activation row. On AVX2, F32 / F16 rows are read in
+//! place, and `exact_avx2` hands panels of rows it has dequantized to
+//! [`panel_avx2`]. Either way, for one (activation row, output row) pair the
+//! arithmetic depends on `k` and the [`crate::Isa`] only:
 //!
 //! * AVX2: per pair, four 8-lane f32 accumulators take consecutive chunks of
 //!   32 elements (`acc[i] = fma(w, x, acc[i])`), leftover chunks of 8 go to
 //!   `acc[0..]` in order, then `hsum((acc0 + acc1) + (acc2 + acc3))` and the
 //!   last `k % 8` products are added one by one.
 //! * Scalar: `acc += w * x` in element order.
+//!
+//! Up to three activation rows share each loaded weight vector; rows,
+//! groups and the thread split never touch the per-pair order.
 
 use half::f16;
 
@@ -23,12 +34,14 @@ pub(crate) fn decode_row(qtype: QType, row: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Portable path: output rows of `w` against all activation rows `x`
-/// (`m * k`); `outs[r][j]` receives row `r` · weight row `j`.
+/// Portable path: output rows of `w` (whole rows of `qtype` bytes) against
+/// all activation rows `x` (`m * k`); `outs[r][j]` receives row `r` · weight
+/// row `j`.
 pub(crate) fn rows_scalar(qtype: QType, w: &[u8], k: usize, x: &[f32], outs: &mut [&mut [f32]]) {
     let mut row = vec![0f32; k];
-    for (j, wrow) in w.chunks_exact(k * qtype.block_bytes()).enumerate() {
-        decode_row(qtype, wrow, &mut row);
+    let row_bytes = k / qtype.block_size() * qtype.block_bytes();
+    for (j, wrow) in w.chunks_exact(row_bytes).enumerate() {
+        crate::dequant::dequantize_row(qtype, wrow, &mut row);
         for (out, xr) in outs.iter_mut().zip(x.chunks_exact(k)) {
             out[j] = row.iter().zip(xr).fold(0f32, |acc, (&w, &x)| acc + w * x);
         }
@@ -36,7 +49,7 @@ pub(crate) fn rows_scalar(qtype: QType, w: &[u8], k: usize, x: &[f32], outs: &mu
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use avx2::rows_avx2;
+pub(crate) use avx2::{panel_avx2, rows_avx2};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
@@ -51,7 +64,7 @@ mod avx2 {
     /// Activation rows per register tile (4 accumulators each).
     const MAX_GROUP: usize = 3;
 
-    /// AVX2 path of [`super::rows_scalar`].
+    /// AVX2 path of [`super::rows_scalar`] for F32 and F16 weights.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) fn rows_avx2(qtype: QType, w: &[u8], k: usize, x: &[f32], outs: &mut [&mut [f32]]) {
         if qtype == QType::F16 {
@@ -66,11 +79,46 @@ mod avx2 {
         let row_bytes = k * if HALF { 2 } else { 4 };
         for (j, wrow) in w.chunks_exact(row_bytes).enumerate() {
             prefetch(w, j * row_bytes + PREFETCH_AHEAD, row_bytes);
-            for (r0, len) in groups(outs.len(), MAX_GROUP) {
-                let outs = &mut outs[r0..r0 + len];
-                let x = &x[r0 * k..];
-                dispatch_group!(len, R => group::<HALF, R>(wrow, k, x, j, outs), [1, 2, 3]);
+            row::<HALF>(wrow, k, x, j, outs);
+        }
+    }
+
+    /// Consecutive f32 weight rows `panel` (`k` values each) as outputs
+    /// `j0..`: exactly what [`rows_avx2`] computes for those rows of an F32
+    /// matrix. Loops over activation groups outside and weight rows inside,
+    /// so one group's activations stay in L1 while the panel is swept.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn panel_avx2(
+        panel: &[f32],
+        k: usize,
+        x: &[f32],
+        j0: usize,
+        outs: &mut [&mut [f32]],
+    ) {
+        // SAFETY: the byte slice covers exactly the memory of `panel`, `u8`
+        // has alignment 1 and every byte of an `f32` is initialized. On
+        // x86-64 these are the little-endian bytes an F32 matrix holds.
+        let bytes: &[u8] = unsafe {
+            std::slice::from_raw_parts(panel.as_ptr().cast(), std::mem::size_of_val(panel))
+        };
+        for (r0, len) in groups(outs.len(), MAX_GROUP) {
+            let outs = &mut outs[r0..r0 + len];
+            let x = &x[r0 * k..];
+            for (i, wrow) in bytes.chunks_exact(4 * k).enumerate() {
+                dispatch_group!(len, R => group::<false, R>(wrow, k, x, j0 + i, outs), [1, 2, 3]);
             }
+        }
+    }
+
+    /// Weight row `j` against every activation row, in groups of up to
+    /// [`MAX_GROUP`] rows, writing column `j` of `outs`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn row<const HALF: bool>(wrow: &[u8], k: usize, x: &[f32], j: usize, outs: &mut [&mut [f32]]) {
+        for (r0, len) in groups(outs.len(), MAX_GROUP) {
+            let outs = &mut outs[r0..r0 + len];
+            let x = &x[r0 * k..];
+            dispatch_group!(len, R => group::<HALF, R>(wrow, k, x, j, outs), [1, 2, 3]);
         }
     }
 
@@ -112,14 +160,24 @@ mod avx2 {
         j: usize,
         outs: &mut [&mut [f32]],
     ) {
-        let xr: [&[f32]; R] = std::array::from_fn(|r| &x[r * k..(r + 1) * k]);
+        let wb = if HALF { 2 } else { 4 };
+        let mut xr: [&[f32]; R] = [&[]; R];
+        for (r, xr) in xr.iter_mut().enumerate() {
+            *xr = &x[r * k..(r + 1) * k];
+        }
         let mut acc = [[_mm256_setzero_ps(); 4]; R];
         let full = k / 32 * 32;
-        for e in (0..full).step_by(32) {
-            let wv: [__m256; 4] = std::array::from_fn(|i| load_w::<HALF>(wrow, e + 8 * i));
+        for (c, wc) in wrow[..full * wb].chunks_exact(32 * wb).enumerate() {
+            let wv = [
+                load_w::<HALF>(wc, 0),
+                load_w::<HALF>(wc, 8),
+                load_w::<HALF>(wc, 16),
+                load_w::<HALF>(wc, 24),
+            ];
             for r in 0..R {
+                let xc = &xr[r][32 * c..32 * c + 32];
                 for i in 0..4 {
-                    acc[r][i] = _mm256_fmadd_ps(wv[i], load_f32x8(&xr[r][e + 8 * i..]), acc[r][i]);
+                    acc[r][i] = _mm256_fmadd_ps(wv[i], load_f32x8(&xc[8 * i..]), acc[r][i]);
                 }
             }
         }

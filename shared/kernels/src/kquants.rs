@@ -41,6 +41,7 @@ fn f16_at(s: &[u8]) -> f32 {
 
 /// Unpacks the 12 bytes of Q4_K / Q5_K 6-bit scales and mins into
 /// `(scales, mins)` for the 8 sub-blocks of 32 (ggml's `get_scale_min_k4`).
+#[inline]
 pub(crate) fn unpack_scales_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
     let word = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
     let (w0, w1, w2) = (word(0), word(1), word(2));

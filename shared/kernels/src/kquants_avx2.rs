@@ -26,12 +26,13 @@ use crate::simd::{
 };
 use crate::tile::dispatch_tiles;
 
-const Q4_K: u8 = QType::Q4_K as u8;
-const Q5_K: u8 = QType::Q5_K as u8;
-const Q6_K: u8 = QType::Q6_K as u8;
-const Q8_K: u8 = QType::Q8_K as u8;
+pub(crate) const Q4_K: u8 = QType::Q4_K as u8;
+pub(crate) const Q5_K: u8 = QType::Q5_K as u8;
+pub(crate) const Q6_K: u8 = QType::Q6_K as u8;
+pub(crate) const Q8_K: u8 = QType::Q8_K as u8;
 
-const fn qtype_of<const T: u8>() -> QType {
+/// The [`QType`] a kernel type parameter `T` stands for.
+pub(crate) const fn qtype_of<const T: u8>() -> QType {
     match T {
         Q4_K => QType::Q4_K,
         Q5_K => QType::Q5_K,
@@ -65,11 +66,47 @@ fn per_group(v: [u8; 8]) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn unpack<const T: u8>(blk: &[u8]) -> Unpacked {
+    let q = unpack_codes::<T>(blk);
+    match T {
+        Q4_K | Q5_K => {
+            let (sc, mn) = unpack_scales_k4(&blk[4..16]);
+            Unpacked {
+                q,
+                scales: per_group(sc),
+                mins: per_group(mn),
+                d: f16_at(&blk[0..2]),
+                dmin: f16_at(&blk[2..4]),
+            }
+        }
+        Q6_K => {
+            let scales = _mm256_cvtepi8_epi16(load_u8x16(&blk[192..208]));
+            Unpacked {
+                q,
+                scales,
+                mins: _mm256_slli_epi16::<5>(scales),
+                d: f16_at(&blk[208..210]),
+                dmin: 0.0,
+            }
+        }
+        _ => Unpacked {
+            q,
+            scales: _mm256_set1_epi16(1),
+            mins: _mm256_setzero_si256(),
+            d: f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]),
+            dmin: 0.0,
+        },
+    }
+}
+
+/// The codes of one super-block of type `T` as eight vectors of 32 bytes
+/// in element order (see [`Unpacked::q`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn unpack_codes<const T: u8>(blk: &[u8]) -> [__m256i; 8] {
     let nib = _mm256_set1_epi8(0x0F);
     let mut q = [_mm256_setzero_si256(); 8];
     match T {
         Q4_K | Q5_K => {
-            let (sc, mn) = unpack_scales_k4(&blk[4..16]);
             let qs = if T == Q5_K {
                 &blk[48..176]
             } else {
@@ -95,13 +132,6 @@ fn unpack<const T: u8>(blk: &[u8]) -> Unpacked {
                 q[2 * j] = lo;
                 q[2 * j + 1] = hi;
             }
-            Unpacked {
-                q,
-                scales: per_group(sc),
-                mins: per_group(mn),
-                d: f16_at(&blk[0..2]),
-                dmin: f16_at(&blk[2..4]),
-            }
         }
         Q6_K => {
             let top = _mm256_set1_epi8(0x30);
@@ -119,28 +149,14 @@ fn unpack<const T: u8>(blk: &[u8]) -> Unpacked {
                 q[4 * half + 2] = _mm256_or_si256(ql0_hi, h(qh));
                 q[4 * half + 3] = _mm256_or_si256(ql1_hi, h(_mm256_srli_epi16::<2>(qh)));
             }
-            let scales = _mm256_cvtepi8_epi16(load_u8x16(&blk[192..208]));
-            Unpacked {
-                q,
-                scales,
-                mins: _mm256_slli_epi16::<5>(scales),
-                d: f16_at(&blk[208..210]),
-                dmin: 0.0,
-            }
         }
         _ => {
             for (c, v) in q.iter_mut().enumerate() {
                 *v = load_u8x32(&blk[4 + 32 * c..]);
             }
-            Unpacked {
-                q,
-                scales: _mm256_set1_epi16(1),
-                mins: _mm256_setzero_si256(),
-                d: f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]),
-                dmin: 0.0,
-            }
         }
     }
+    q
 }
 
 /// Byte shuffle that, applied to a vector holding groups `8h..8h+8` in both

@@ -45,6 +45,28 @@
 //! other; the portable [`Isa::Scalar`] path is invariant too but sums in a
 //! different order, so it agrees with them only to rounding.
 //!
+//! # Exact mode
+//!
+//! [`QMatrix::matmul_exact`] skips the activation quantization: every weight
+//! is dequantized to f32 exactly as [`QMatrix::dequantize_row`] does (the
+//! AVX2 block decoder is bit-identical to the portable dequantizer) and
+//! multiplied with the f32 activations, accumulated in f32. The arithmetic
+//! per (activation row, output row) pair is that of an F32 weight row, so
+//! the result equals, bit for bit, `matmul` over an F32 matrix holding
+//! [`QMatrix::dequantize`] on the same [`Isa`], and the batch invariance
+//! argument above applies unchanged: on AVX2 each pair feeds four fixed
+//! 8-lane accumulators in increasing `k` order (chunk `c` of eight elements
+//! into accumulator `c % 4`) and sums them with one fixed tree; the portable
+//! path adds the products one by one in element order.
+//!
+//! Weight-stationary on AVX2: with up to three activation rows each weight
+//! block is decoded once, eight weights at a time, and FMA'd straight into
+//! the accumulators of every row; with more rows, small panels of weight
+//! rows (16 KiB of f32) are dequantized once into a scratch buffer that
+//! every group of three activation rows then sweeps. Which of the two runs depends on the
+//! number of rows only and cannot change a result. The portable path
+//! dequantizes each weight row once per call.
+//!
 //! # Instruction sets
 //!
 //! [`Isa::detect`] picks AVX2 (with FMA and F16C, plus AVX-VNNI when present)
@@ -52,7 +74,11 @@
 //! forces a particular one.
 
 mod dequant;
+#[cfg(target_arch = "x86_64")]
+mod dequant_avx2;
 mod error;
+#[cfg(target_arch = "x86_64")]
+mod exact_avx2;
 mod float;
 mod isa;
 mod kquants;

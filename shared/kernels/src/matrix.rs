@@ -26,6 +26,7 @@ pub struct QMatrix {
 
 /// Activations prepared for one matmul.
 enum Acts<'a> {
+    /// Unquantized: F32 / F16 weights, or any weights in exact mode.
     F32(&'a [f32]),
     Q8_0(Q8_0Acts),
     Q8K(Q8KActs),
@@ -99,15 +100,11 @@ impl QMatrix {
         m: usize,
         out: &mut [f32],
     ) -> Result<(), KernelError> {
-        if !isa.is_available() {
-            return Err(KernelError::IsaUnavailable(isa));
-        }
-        let (n, k) = (self.n, self.k);
-        check_len("activations", x.len(), m.checked_mul(k))?;
-        check_len("output", out.len(), m.checked_mul(n))?;
+        self.check_call(isa, x, m, out)?;
         if m == 0 {
             return Ok(());
         }
+        let k = self.k;
         let acts = match self.qtype {
             QType::F32 | QType::F16 => Acts::F32(x),
             QType::Q4_0 | QType::Q5_0 | QType::Q8_0 => {
@@ -117,12 +114,57 @@ impl QMatrix {
                 Acts::Q8K(Q8KActs::quantize(x, m, k))
             }
         };
+        self.run(isa, &acts, m, out);
+        Ok(())
+    }
+
+    /// `out = x · Wᵀ` with f32 activations: each weight is dequantized
+    /// bit-identically to [`QMatrix::dequantize_row`] and the products are
+    /// accumulated in f32, so the result is an f32 matmul over the
+    /// dequantized matrix (bit for bit what [`QMatrix::matmul`] gives for an
+    /// [`QType::F32`] matrix holding [`QMatrix::dequantize`]). Slower than
+    /// [`QMatrix::matmul`] for quantized types, without its 8-bit activation
+    /// rounding. For F32 / F16 weights the two are the same. Batch invariant
+    /// like [`QMatrix::matmul`].
+    pub fn matmul_exact(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        self.matmul_exact_with(Isa::detect(), x, m, out)
+    }
+
+    /// [`QMatrix::matmul_exact`] on a chosen implementation
+    /// ([`Isa::AvxVnni`] runs the [`Isa::Avx2`] code).
+    pub fn matmul_exact_with(
+        &self,
+        isa: Isa,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.check_call(isa, x, m, out)?;
+        if m > 0 {
+            self.run(isa, &Acts::F32(x), m, out);
+        }
+        Ok(())
+    }
+
+    /// Validates the implementation and the buffer sizes of a matmul call.
+    fn check_call(&self, isa: Isa, x: &[f32], m: usize, out: &[f32]) -> Result<(), KernelError> {
+        if !isa.is_available() {
+            return Err(KernelError::IsaUnavailable(isa));
+        }
+        check_len("activations", x.len(), m.checked_mul(self.k))?;
+        check_len("output", out.len(), m.checked_mul(self.n))
+    }
+
+    /// Splits the output rows between threads (or runs on the calling thread
+    /// for small products) and computes `out` from the prepared `acts`.
+    fn run(&self, isa: Isa, acts: &Acts<'_>, m: usize, out: &mut [f32]) {
+        let (n, k) = (self.n, self.k);
         let macs = m.saturating_mul(k).saturating_mul(n);
         let threads = rayon::current_num_threads();
         if threads <= 1 || macs < PARALLEL_MIN_MACS {
             let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(n).collect();
-            self.rows(isa, &acts, 0, &mut outs);
-            return Ok(());
+            self.rows(isa, acts, 0, &mut outs);
+            return;
         }
         let min_rows = TASK_MIN_MACS.div_ceil(m * k);
         let chunk = n.div_ceil(threads * TASKS_PER_THREAD).max(min_rows);
@@ -140,8 +182,7 @@ impl QMatrix {
             .collect();
         tasks
             .into_par_iter()
-            .for_each(|(j0, mut outs)| self.rows(isa, &acts, j0, &mut outs));
-        Ok(())
+            .for_each(|(j0, mut outs)| self.rows(isa, acts, j0, &mut outs));
     }
 
     /// Computes output rows `j0..j0 + outs[0].len()` for every activation
@@ -157,7 +198,7 @@ impl QMatrix {
             // `Isa::AvxVnni`.
             unsafe {
                 match acts {
-                    Acts::F32(x) => float::rows_avx2(q, w, k, x, outs),
+                    Acts::F32(x) => crate::exact_avx2::rows_avx2(q, w, k, x, outs),
                     Acts::Q8_0(a) if isa == Isa::AvxVnni => {
                         crate::q8_x86::rows_vnni(q, w, k, a, outs)
                     }

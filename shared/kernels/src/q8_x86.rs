@@ -12,9 +12,9 @@ use crate::qtype::{QType, QK8_0};
 use crate::quantize::Q8_0Acts;
 use crate::simd::{load_u8x16, load_u8x32};
 
-const Q4_0: u8 = QType::Q4_0 as u8;
-const Q5_0: u8 = QType::Q5_0 as u8;
-const Q8_0: u8 = QType::Q8_0 as u8;
+pub(crate) const Q4_0: u8 = QType::Q4_0 as u8;
+pub(crate) const Q5_0: u8 = QType::Q5_0 as u8;
+pub(crate) const Q8_0: u8 = QType::Q8_0 as u8;
 
 const fn block_bytes<const T: u8>() -> usize {
     match T {
@@ -27,7 +27,7 @@ const fn block_bytes<const T: u8>() -> usize {
 /// Unpacks one block to 32 signed weights in element order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn unpack<const T: u8>(blk: &[u8]) -> __m256i {
+pub(crate) fn unpack<const T: u8>(blk: &[u8]) -> __m256i {
     match T {
         Q4_0 => _mm256_sub_epi8(nibbles(&blk[2..18]), _mm256_set1_epi8(8)),
         Q5_0 => {

@@ -123,7 +123,9 @@ impl StreamDecoder<'_> {
     /// Adds one id; returns the newly completed text, if any.
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
         self.ids.push(id);
-        let prefix = self.tok.decode(&self.ids[self.prefix_offset..self.read_offset])?;
+        let prefix = self
+            .tok
+            .decode(&self.ids[self.prefix_offset..self.read_offset])?;
         let full = self.tok.decode(&self.ids[self.prefix_offset..])?;
         if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') {
             if let Some(delta) = full.get(prefix.len()..) {
@@ -138,7 +140,9 @@ impl StreamDecoder<'_> {
 
     /// Text still held back (an incomplete character at the very end, rendered as U+FFFD).
     pub fn finish(&mut self) -> Result<Option<String>> {
-        let prefix = self.tok.decode(&self.ids[self.prefix_offset..self.read_offset])?;
+        let prefix = self
+            .tok
+            .decode(&self.ids[self.prefix_offset..self.read_offset])?;
         let full = self.tok.decode(&self.ids[self.prefix_offset..])?;
         self.prefix_offset = self.ids.len();
         self.read_offset = self.ids.len();

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use tandem_gemma::{hf_config_json, GemmaConfig};
+use tandem_gemma::{hf_config_json, ForwardOptions, Gemma3, GemmaConfig, KvCache, LogitsMode};
 
 /// A tiny config: 6 layers (5 sliding : 1 full, as Gemma 3), GQA 4:2, window 6.
 pub fn tiny_config() -> GemmaConfig {
@@ -42,10 +42,16 @@ pub struct Lcg(u64);
 
 impl Lcg {
     pub fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407))
+        Self(
+            seed.wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407),
+        )
     }
     pub fn next(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
     pub fn tokens(&mut self, n: usize, vocab: usize) -> Vec<u32> {
@@ -71,7 +77,11 @@ pub fn random_weights(cfg: &GemmaConfig, seed: u64) -> BTreeMap<String, (Vec<usi
         let v: Vec<f32> = (0..n).map(|_| rng.next() * scale).collect();
         w.insert(name, (shape, v));
     };
-    put("model.embed_tokens.weight".into(), vec![cfg.vocab_size, h], 1.0);
+    put(
+        "model.embed_tokens.weight".into(),
+        vec![cfg.vocab_size, h],
+        1.0,
+    );
     put("model.norm.weight".into(), vec![h], 0.3);
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}");
@@ -158,7 +168,11 @@ pub fn write_gguf(path: &Path, spec: &GgufSpec) {
         if spec.skip.contains(&g.as_str()) {
             continue;
         }
-        let dtype = if shape.len() == 2 { spec.matrix_type } else { GgmlDType::F32 };
+        let dtype = if shape.len() == 2 {
+            spec.matrix_type
+        } else {
+            GgmlDType::F32
+        };
         if name.contains("norm") {
             v.iter_mut().for_each(|x| *x += 1.0);
         }
@@ -168,23 +182,42 @@ pub fn write_gguf(path: &Path, spec: &GgufSpec) {
     let a = spec.arch;
     let u = |x: usize| gguf_file::Value::U32(x as u32);
     let meta: Vec<(String, gguf_file::Value)> = vec![
-        ("general.architecture".into(), gguf_file::Value::String(a.into())),
-        (format!("{a}.context_length"), u(cfg.max_position_embeddings)),
+        (
+            "general.architecture".into(),
+            gguf_file::Value::String(a.into()),
+        ),
+        (
+            format!("{a}.context_length"),
+            u(cfg.max_position_embeddings),
+        ),
         (format!("{a}.embedding_length"), u(cfg.hidden_size)),
         (format!("{a}.block_count"), u(cfg.num_hidden_layers)),
         (format!("{a}.feed_forward_length"), u(cfg.intermediate_size)),
-        (format!("{a}.attention.head_count"), u(cfg.num_attention_heads)),
-        (format!("{a}.attention.head_count_kv"), u(cfg.num_key_value_heads)),
+        (
+            format!("{a}.attention.head_count"),
+            u(cfg.num_attention_heads),
+        ),
+        (
+            format!("{a}.attention.head_count_kv"),
+            u(cfg.num_key_value_heads),
+        ),
         (format!("{a}.attention.key_length"), u(cfg.head_dim)),
         (format!("{a}.attention.value_length"), u(cfg.head_dim)),
-        (format!("{a}.attention.sliding_window"), u(cfg.sliding_window)),
+        (
+            format!("{a}.attention.sliding_window"),
+            u(cfg.sliding_window),
+        ),
         (
             format!("{a}.attention.layer_norm_rms_epsilon"),
             gguf_file::Value::F32(cfg.rms_norm_eps as f32),
         ),
-        (format!("{a}.rope.freq_base"), gguf_file::Value::F32(cfg.rope_theta as f32)),
+        (
+            format!("{a}.rope.freq_base"),
+            gguf_file::Value::F32(cfg.rope_theta as f32),
+        ),
     ];
-    let meta_refs: Vec<(&str, &gguf_file::Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let meta_refs: Vec<(&str, &gguf_file::Value)> =
+        meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensor_refs: Vec<(&str, &QTensor)> = qt.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let mut file = std::fs::File::create(path).expect("create gguf");
     gguf_file::write(&mut file, &meta_refs, &tensor_refs).expect("write gguf");
@@ -192,25 +225,63 @@ pub fn write_gguf(path: &Path, spec: &GgufSpec) {
 
 /// Folder of the fetched real models.
 pub fn models_dir() -> PathBuf {
-    std::env::var_os("TANDEM_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tandem/models")
-    })
+    std::env::var_os("TANDEM_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tandem/models")
+        })
 }
 
 /// The real Gemma 3 270M GGUF; panics with instructions when it was not fetched.
 pub fn real_gguf() -> PathBuf {
     let p = models_dir().join("gemma-3-270m/gemma-3-270m-q4_k_m.gguf");
-    assert!(p.is_file(), "{} missing: run scripts/fetch-models.sh first", p.display());
+    assert!(
+        p.is_file(),
+        "{} missing: run scripts/fetch-models.sh first",
+        p.display()
+    );
     p
 }
 
 /// Max |a - b| over two equally long slices.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// Bit patterns, for exact comparisons with readable failures.
 pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Runs `tokens` at the end of `cache`; returns the logits (empty for [`LogitsMode::None`]).
+pub fn forward(m: &Gemma3, tokens: &[u32], cache: &mut KvCache, mode: LogitsMode) -> Vec<f32> {
+    let pos = cache.len();
+    let opts = ForwardOptions {
+        logits: mode,
+        taps: vec![],
+    };
+    let out = m.forward(tokens, pos, cache, &opts).expect("forward");
+    out.logits.map_or_else(Vec::new, |l| {
+        l.flatten_all().expect("flat").to_vec1().expect("vec")
+    })
+}
+
+/// `n` greedy tokens after `prompt`, and the logits of the first of them.
+pub fn greedy(m: &Gemma3, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+    let mut cache = m.new_cache(prompt.len() + n);
+    let mut logits = forward(m, prompt, &mut cache, LogitsMode::Last);
+    let first = logits.clone();
+    let mut out = Vec::new();
+    while out.len() < n {
+        let t = tandem_core::argmax(&logits);
+        out.push(t);
+        if out.len() < n {
+            logits = forward(m, &[t], &mut cache, LogitsMode::Last);
+        }
+    }
+    (out, first)
 }

@@ -105,6 +105,31 @@ pub fn matmul(w: &QMatrix, isa: Isa, x: &[f32], m: usize) -> Vec<f32> {
     out
 }
 
+/// Runs `w.matmul_exact_with(isa, x, m)` into a fresh buffer.
+pub fn matmul_exact(w: &QMatrix, isa: Isa, x: &[f32], m: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; m * w.n()];
+    if let Err(e) = w.matmul_exact_with(isa, x, m, &mut out) {
+        panic!("matmul_exact failed: {e}");
+    }
+    out
+}
+
+/// A product under test: [`matmul`] or [`matmul_exact`].
+pub type Product = fn(&QMatrix, Isa, &[f32], usize) -> Vec<f32>;
+
+/// An F32 matrix holding `w.dequantize()`.
+pub fn dequantized_f32(w: &QMatrix) -> QMatrix {
+    let bytes = w
+        .dequantize()
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    match QMatrix::new(QType::F32, w.n(), w.k(), bytes) {
+        Ok(f) => f,
+        Err(e) => panic!("f32 copy rejected: {e}"),
+    }
+}
+
 /// Block size of the activation quantization used for `qtype` weights
 /// (1 means unquantized).
 pub fn act_block(qtype: QType) -> usize {

@@ -1,11 +1,16 @@
-//! Batch invariance: each output row's bits must not depend on how many
-//! other rows share the call, on how rows are grouped into calls, or on the
-//! number of threads.
+//! Batch invariance of `matmul` and `matmul_exact`: each output row's bits
+//! must not depend on how many other rows share the call, on how rows are
+//! grouped into calls, or on the number of threads.
 
 use proptest::prelude::*;
 use tandem_kernels::{Isa, QMatrix, QType};
 
-use crate::common::{isas, matmul, random_acts, random_k, random_matrix, Rng};
+use crate::common::{
+    isas, matmul, matmul_exact, random_acts, random_k, random_matrix, Product, Rng,
+};
+
+/// Both products, by name.
+const PRODUCTS: [(&str, Product); 2] = [("matmul", matmul), ("matmul_exact", matmul_exact)];
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()
@@ -20,13 +25,14 @@ fn first_difference(a: &[u32], b: &[u32]) -> Option<(usize, f32, f32)> {
     Some((i, f32::from_bits(a[i]), f32::from_bits(b[i])))
 }
 
-/// Results of `x` (m rows) computed in consecutive calls of the given sizes.
-fn in_pieces(w: &QMatrix, isa: Isa, x: &[f32], sizes: &[usize]) -> Vec<f32> {
+/// Results of `x` (m rows) computed by `product` in consecutive calls of the
+/// given sizes.
+fn in_pieces(product: Product, w: &QMatrix, isa: Isa, x: &[f32], sizes: &[usize]) -> Vec<f32> {
     let k = w.k();
     let mut out = Vec::new();
     let mut row = 0;
     for &len in sizes {
-        out.extend(matmul(w, isa, &x[row * k..(row + len) * k], len));
+        out.extend(product(w, isa, &x[row * k..(row + len) * k], len));
         row += len;
     }
     out
@@ -56,15 +62,17 @@ proptest! {
         let k = random_k(qtype, 4, &mut rng);
         let w = random_matrix(qtype, n, k, &mut rng);
         let x = random_acts(m, k, &mut rng);
-        for isa in isas() {
-            let all = bits(&matmul(&w, isa, &x, m));
-            let singles = bits(&in_pieces(&w, isa, &x, &vec![1; m]));
-            let diff = first_difference(&all, &singles);
-            prop_assert!(diff.is_none(), "{:?} {:?} m={} n={} k={}: batch vs single rows: {:?}", qtype, isa, m, n, k, diff);
-            let sizes = random_split(m, &mut rng);
-            let split = bits(&in_pieces(&w, isa, &x, &sizes));
-            let diff = first_difference(&all, &split);
-            prop_assert!(diff.is_none(), "{:?} {:?}: batch vs split {:?}: {:?}", qtype, isa, sizes, diff);
+        for (name, product) in PRODUCTS {
+            for isa in isas() {
+                let all = bits(&product(&w, isa, &x, m));
+                let singles = bits(&in_pieces(product, &w, isa, &x, &vec![1; m]));
+                let diff = first_difference(&all, &singles);
+                prop_assert!(diff.is_none(), "{} {:?} {:?} m={} n={} k={}: batch vs single rows: {:?}", name, qtype, isa, m, n, k, diff);
+                let sizes = random_split(m, &mut rng);
+                let split = bits(&in_pieces(product, &w, isa, &x, &sizes));
+                let diff = first_difference(&all, &split);
+                prop_assert!(diff.is_none(), "{} {:?} {:?}: batch vs split {:?}: {:?}", name, qtype, isa, sizes, diff);
+            }
         }
     }
 
@@ -78,10 +86,12 @@ proptest! {
         let k = random_k(qtype, 4, &mut rng);
         let w = random_matrix(qtype, n, k, &mut rng);
         let x = random_acts(m, k, &mut rng);
-        let avx2 = bits(&matmul(&w, Isa::Avx2, &x, m));
-        let vnni = bits(&matmul(&w, Isa::AvxVnni, &x, m));
-        let diff = first_difference(&avx2, &vnni);
-        prop_assert!(diff.is_none(), "{:?} m={} n={} k={}: {:?}", qtype, m, n, k, diff);
+        for (name, product) in PRODUCTS {
+            let avx2 = bits(&product(&w, Isa::Avx2, &x, m));
+            let vnni = bits(&product(&w, Isa::AvxVnni, &x, m));
+            let diff = first_difference(&avx2, &vnni);
+            prop_assert!(diff.is_none(), "{} {:?} m={} n={} k={}: {:?}", name, qtype, m, n, k, diff);
+        }
     }
 }
 
@@ -97,24 +107,27 @@ fn rows_are_bit_identical_across_thread_pools_and_batches() {
         };
         let w = random_matrix(qtype, n, k, &mut rng);
         let x = random_acts(m, k, &mut rng);
-        for isa in isas() {
-            let reference = bits(&in_pieces(&w, isa, &x, &[1; 9]));
+        for ((name, product), isa) in PRODUCTS
+            .into_iter()
+            .flat_map(|p| isas().into_iter().map(move |i| (p, i)))
+        {
+            let reference = bits(&in_pieces(product, &w, isa, &x, &[1; 9]));
             for threads in [1, 2, 3] {
                 let pool = match rayon::ThreadPoolBuilder::new().num_threads(threads).build() {
                     Ok(p) => p,
                     Err(e) => panic!("thread pool: {e}"),
                 };
-                let batched = pool.install(|| bits(&matmul(&w, isa, &x, m)));
+                let batched = pool.install(|| bits(&product(&w, isa, &x, m)));
                 let diff = first_difference(&batched, &reference);
                 assert!(
                     diff.is_none(),
-                    "{qtype:?} {isa:?} with {threads} threads: {diff:?}"
+                    "{name} {qtype:?} {isa:?} with {threads} threads: {diff:?}"
                 );
-                let split = pool.install(|| bits(&in_pieces(&w, isa, &x, &[4, 2, 3])));
+                let split = pool.install(|| bits(&in_pieces(product, &w, isa, &x, &[4, 2, 3])));
                 let diff = first_difference(&split, &reference);
                 assert!(
                     diff.is_none(),
-                    "{qtype:?} {isa:?} split with {threads} threads: {diff:?}"
+                    "{name} {qtype:?} {isa:?} split with {threads} threads: {diff:?}"
                 );
             }
         }

@@ -22,9 +22,11 @@ use crate::common::{
 };
 
 /// f32 accumulation tolerance relative to `Σ |w x|`.
-const F32_REL: f64 = 1e-5;
+pub const F32_REL: f64 = 1e-5;
 
-fn shape(seed: u64) -> (QType, usize, usize, usize, Rng) {
+/// A random type and shape (m 1..=17, n 1..=70, k up to 4 blocks) and the
+/// generator to draw its data from.
+pub fn shape(seed: u64) -> (QType, usize, usize, usize, Rng) {
     let mut rng = Rng::new(seed);
     let qtype = QType::ALL[rng.below(QType::ALL.len())];
     let m = 1 + rng.below(17);
@@ -33,7 +35,8 @@ fn shape(seed: u64) -> (QType, usize, usize, usize, Rng) {
     (qtype, m, n, k, rng)
 }
 
-fn check_close(got: &[f32], want: &[f64], tol: &[f64], what: &str) {
+/// Asserts `|got − want| ≤ tol` element-wise.
+pub fn check_close(got: &[f32], want: &[f64], tol: &[f64], what: &str) {
     for (idx, ((&g, &r), &t)) in got.iter().zip(want).zip(tol).enumerate() {
         let err = (f64::from(g) - r).abs();
         assert!(
