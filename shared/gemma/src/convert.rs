@@ -13,32 +13,13 @@ use crate::gguf_config::config_from_gguf;
 use crate::loader::{GgufSource, TensorSource};
 use crate::names::{LayerTensor, Role};
 
-const LAYER_TENSORS: [LayerTensor; 13] = {
-    use LayerTensor::*;
-    [
-        AttnNorm,
-        Q,
-        K,
-        V,
-        O,
-        QNorm,
-        KNorm,
-        PostAttnNorm,
-        PreFfnNorm,
-        Gate,
-        Up,
-        Down,
-        PostFfnNorm,
-    ]
-};
-
 fn roles(cfg: &GemmaConfig) -> Vec<Role> {
     let mut roles = vec![Role::Embed, Role::FinalNorm];
     if !cfg.tie_word_embeddings {
         roles.push(Role::LmHead);
     }
     for i in 0..cfg.num_hidden_layers {
-        roles.extend(LAYER_TENSORS.iter().map(|t| Role::Layer(i, *t)));
+        roles.extend(LayerTensor::ALL.iter().map(|t| Role::Layer(i, *t)));
     }
     roles
 }

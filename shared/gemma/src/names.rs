@@ -18,6 +18,28 @@ pub(crate) enum LayerTensor {
     PostFfnNorm,
 }
 
+impl LayerTensor {
+    /// Every per-layer tensor, in checkpoint order.
+    pub(crate) const ALL: [LayerTensor; 13] = {
+        use LayerTensor::*;
+        [
+            AttnNorm,
+            Q,
+            K,
+            V,
+            O,
+            QNorm,
+            KNorm,
+            PostAttnNorm,
+            PreFfnNorm,
+            Gate,
+            Up,
+            Down,
+            PostFfnNorm,
+        ]
+    };
+}
+
 /// Any tensor of the decoder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {

@@ -10,23 +10,6 @@ use common::*;
 use proptest::prelude::*;
 use tandem_gemma::{ForwardOptions, Gemma3, GemmaError, LogitsMode};
 
-fn logits_of(
-    model: &Gemma3,
-    tokens: &[u32],
-    pos: usize,
-    cache: &mut tandem_gemma::KvCache,
-    mode: LogitsMode,
-) -> Vec<f32> {
-    let opts = ForwardOptions {
-        logits: mode,
-        taps: vec![],
-    };
-    let out = model.forward(tokens, pos, cache, &opts).expect("forward");
-    out.logits.map_or_else(Vec::new, |l| {
-        l.flatten_all().expect("flat").to_vec1().expect("vec")
-    })
-}
-
 fn tiny_hf(cfg: &tandem_gemma::GemmaConfig) -> (tempfile::TempDir, Gemma3) {
     let dir = tempfile::tempdir().expect("tempdir");
     write_hf(dir.path(), cfg, 11);
@@ -74,7 +57,7 @@ fn matches_candle_transformers_gemma3_over_blocks() {
     let mut pos = 0;
     for len in [7usize, 3, 1, 5, 2, 1] {
         let block = &tokens[pos..pos + len];
-        let got = logits_of(&ours, block, pos, &mut cache, LogitsMode::Last);
+        let got = forward(&ours, block, &mut cache, LogitsMode::Last);
         let input = Tensor::new(block, &Device::Cpu)
             .expect("t")
             .unsqueeze(0)
@@ -98,7 +81,7 @@ fn hf_and_gguf_paths_agree() {
     let (_dir, hf) = tiny_hf(&cfg);
     let tokens = Lcg::new(9).tokens(12, cfg.vocab_size);
     let mut c = hf.new_cache(64);
-    let want = logits_of(&hf, &tokens, 0, &mut c, LogitsMode::All);
+    let want = forward(&hf, &tokens, &mut c, LogitsMode::All);
     let scale = want.iter().fold(0f32, |a, x| a.max(x.abs()));
     // F32 GGUF tensors run the very same kernels as the safetensors path: exact. Q8_0 adds
     // 8-bit weight and activation rounding (~0.4% per matmul over 6 layers): 3% of the
@@ -119,7 +102,7 @@ fn hf_and_gguf_paths_agree() {
         let gguf = Gemma3::load(&path).expect("load gguf");
         assert_eq!(gguf.config(), hf.config(), "configs differ for {dtype:?}");
         let mut c = gguf.new_cache(64);
-        let got = logits_of(&gguf, &tokens, 0, &mut c, LogitsMode::All);
+        let got = forward(&gguf, &tokens, &mut c, LogitsMode::All);
         let diff = max_abs_diff(&got, &want);
         assert!(
             diff <= tol,
@@ -145,14 +128,14 @@ proptest! {
         let prefix = rng.tokens(prefix_len, 96);
         let (x, y) = (rng.tokens(x_len, 96), rng.tokens(y_len, 96));
         let mut rolled = model.new_cache(64);
-        logits_of(model, &prefix, 0, &mut rolled, LogitsMode::None);
-        logits_of(model, &x, prefix_len, &mut rolled, LogitsMode::None);
+        forward(model, &prefix, &mut rolled, LogitsMode::None);
+        forward(model, &x, &mut rolled, LogitsMode::None);
         rolled.truncate(prefix_len).expect("truncate");
-        let got = logits_of(model, &y, prefix_len, &mut rolled, LogitsMode::All);
+        let got = forward(model, &y, &mut rolled, LogitsMode::All);
         let mut fresh = model.new_cache(64);
         let mut all = prefix.clone();
         all.extend_from_slice(&y);
-        let want = logits_of(model, &all, 0, &mut fresh, LogitsMode::All);
+        let want = forward(model, &all, &mut fresh, LogitsMode::All);
         prop_assert_eq!(bits(&got), bits(&want[prefix_len * 96..]));
         prop_assert_eq!(rolled.len(), fresh.len());
     }
@@ -165,14 +148,14 @@ proptest! {
         let tokens = Lcg::new(seed).tokens(total, 96);
         let mut single = model.new_cache(128);
         let mut want = Vec::new();
-        for (i, t) in tokens.iter().enumerate() {
-            want.extend(logits_of(model, &[*t], i, &mut single, LogitsMode::All));
+        for t in &tokens {
+            want.extend(forward(model, &[*t], &mut single, LogitsMode::All));
         }
         let mut blocked = model.new_cache(128);
         let mut got = Vec::new();
         let mut pos = 0;
         for s in sizes {
-            got.extend(logits_of(model, &tokens[pos..pos + s], pos, &mut blocked, LogitsMode::All));
+            got.extend(forward(model, &tokens[pos..pos + s], &mut blocked, LogitsMode::All));
             pos += s;
         }
         prop_assert_eq!(bits(&got), bits(&want));
@@ -213,7 +196,7 @@ fn kv_cache_accounts_bytes_and_rejects_misuse() {
     let model = &tiny_model().1;
     let mut cache = model.new_cache(10);
     assert_eq!(cache.bytes_per_position(), 2 * 6 * 16 * 4);
-    logits_of(model, &[1, 2, 3], 0, &mut cache, LogitsMode::None);
+    forward(model, &[1, 2, 3], &mut cache, LogitsMode::None);
     assert_eq!(cache.used_bytes(), 3 * cache.bytes_per_position());
     assert!(cache.allocated_bytes() >= cache.used_bytes());
     let opts = ForwardOptions::default();
