@@ -1,0 +1,244 @@
+//! Verifying a drafted block (Leviathan et al. 2023, "Fast Inference from Transformers via
+//! Speculative Decoding"; Chen et al. 2023): greedy acceptance keeps the longest prefix equal
+//! to the target's argmax; rejection sampling accepts draft token `d` with probability
+//! `min(1, p(d)/q(d))` and, at the first rejection, samples from `norm(max(p - q, 0))`, which
+//! leaves the output distributed exactly as the target's. Both always end the round with one
+//! token chosen by the target, so a round emits between 1 and γ+1 tokens.
+
+use crate::sampling::{Sampler, SparseDist};
+
+/// Outcome of verifying one block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Draft tokens kept (a prefix of the draft).
+    pub accepted: usize,
+    /// The target's token after them: the bonus when all were kept, else the correction.
+    pub next: u32,
+}
+
+impl Verdict {
+    /// The tokens this round emits: the accepted draft prefix, then [`Verdict::next`].
+    pub fn emitted(&self, draft: &[u32]) -> Vec<u32> {
+        let mut out = draft[..self.accepted].to_vec();
+        out.push(self.next);
+        out
+    }
+}
+
+/// Greedy verification: `target_argmax[i]` is the target's argmax after the anchor and the
+/// first `i` draft tokens (`draft.len() + 1` entries).
+pub fn accept_greedy(draft: &[u32], target_argmax: &[u32]) -> Verdict {
+    assert_eq!(
+        target_argmax.len(),
+        draft.len() + 1,
+        "need one target token per draft position plus the bonus"
+    );
+    let accepted = draft
+        .iter()
+        .zip(target_argmax)
+        .take_while(|(d, t)| d == t)
+        .count();
+    Verdict {
+        accepted,
+        next: target_argmax[accepted],
+    }
+}
+
+/// Rejection sampling. `q[i]` is the distribution draft token `draft[i]` was drawn from;
+/// `p[i]` the target's (after the request's temperature / top-k / top-p) at the same
+/// position, with `p.len() == draft.len() + 1` (the last one gives the bonus).
+pub fn accept_sampled(
+    draft: &[u32],
+    q: &[SparseDist],
+    p: &[SparseDist],
+    rng: &mut Sampler,
+) -> Verdict {
+    assert_eq!(
+        q.len(),
+        draft.len(),
+        "one draft distribution per draft token"
+    );
+    assert_eq!(
+        p.len(),
+        draft.len() + 1,
+        "one target distribution per draft position plus the bonus"
+    );
+    for (i, d) in draft.iter().enumerate() {
+        let (pd, qd) = (p[i].prob(*d) as f64, q[i].prob(*d) as f64);
+        let u = rng.uniform();
+        if qd > 0.0 && u * qd < pd {
+            continue;
+        }
+        return Verdict {
+            accepted: i,
+            next: residual(&p[i], &q[i]).draw(rng.uniform()),
+        };
+    }
+    Verdict {
+        accepted: draft.len(),
+        next: p[draft.len()].draw(rng.uniform()),
+    }
+}
+
+/// `norm(max(p - q, 0))`; `p` itself when the two coincide (no mass left).
+fn residual(p: &SparseDist, q: &SparseDist) -> SparseDist {
+    let mass: Vec<f64> = p
+        .ids
+        .iter()
+        .zip(&p.probs)
+        .map(|(id, pp)| (*pp as f64 - q.prob(*id) as f64).max(0.0))
+        .collect();
+    let total: f64 = mass.iter().sum();
+    if total <= 0.0 {
+        return p.clone();
+    }
+    SparseDist {
+        ids: p.ids.clone(),
+        probs: mass.iter().map(|m| (m / total) as f32).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::SamplingParams;
+    use proptest::prelude::*;
+
+    fn sampler(seed: u64) -> Sampler {
+        Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: None,
+            top_p: 1.0,
+            seed,
+        })
+        .expect("valid")
+    }
+
+    fn dist(weights: &[f64]) -> SparseDist {
+        let total: f64 = weights.iter().sum();
+        let (ids, probs) = weights
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| **w > 0.0)
+            .map(|(i, w)| (i as u32, (w / total) as f32))
+            .unzip();
+        SparseDist { ids, probs }
+    }
+
+    fn l2(a: &[f64], b: &[f64]) -> f64 {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    }
+
+    fn as_dense(d: &SparseDist, vocab: usize) -> Vec<f64> {
+        let mut v = vec![0.0; vocab];
+        for (id, p) in d.ids.iter().zip(&d.probs) {
+            v[*id as usize] = *p as f64;
+        }
+        v
+    }
+
+    /// In the manner of vLLM's rejection-sampler test: the first emitted token of a round is
+    /// distributed as the target `p`, whatever the draft `q`; the L2 distance of the
+    /// empirical distribution shrinks with the sample count and stays far below the distance
+    /// to unrelated distributions.
+    #[test]
+    fn rejection_sampling_reproduces_the_target_distribution() {
+        let vocab = 6;
+        let p0 = dist(&[0.05, 0.4, 0.1, 0.25, 0.0, 0.2]);
+        let q0 = dist(&[0.3, 0.1, 0.3, 0.05, 0.25, 0.0]);
+        let p1 = dist(&[0.2, 0.2, 0.2, 0.2, 0.1, 0.1]);
+        let target = as_dense(&p0, vocab);
+        let mut draws = sampler(99);
+        let mut rng = sampler(7);
+        let mut distances = Vec::new();
+        for n in [1_000usize, 10_000, 100_000] {
+            let mut counts = vec![0f64; vocab];
+            for _ in 0..n {
+                let d = q0.draw(draws.uniform());
+                let v = accept_sampled(
+                    &[d],
+                    std::slice::from_ref(&q0),
+                    &[p0.clone(), p1.clone()],
+                    &mut rng,
+                );
+                counts[v.emitted(&[d])[0] as usize] += 1.0;
+            }
+            let emp: Vec<f64> = counts.iter().map(|c| c / n as f64).collect();
+            distances.push(l2(&emp, &target));
+        }
+        assert!(distances[2] < distances[0], "{distances:?}");
+        assert!(distances[2] < 0.01, "{distances:?}");
+        let unrelated = [
+            as_dense(&q0, vocab),
+            as_dense(&p1, vocab),
+            vec![1.0 / 6.0; 6],
+        ];
+        for u in &unrelated {
+            assert!(l2(u, &target) > 20.0 * distances[2]);
+        }
+    }
+
+    #[test]
+    fn identical_distributions_accept_everything() {
+        let p = dist(&[0.5, 0.5]);
+        let mut rng = sampler(1);
+        for _ in 0..200 {
+            let v = accept_sampled(
+                &[0, 1, 1],
+                &vec![p.clone(); 3],
+                &vec![p.clone(); 4],
+                &mut rng,
+            );
+            assert_eq!(v.accepted, 3);
+        }
+    }
+
+    #[test]
+    fn token_outside_target_support_is_always_rejected() {
+        let p = dist(&[0.0, 1.0]);
+        let q = dist(&[1.0, 0.0]);
+        let v = accept_sampled(&[0], &[q], &[p.clone(), p], &mut sampler(3));
+        assert_eq!(
+            v,
+            Verdict {
+                accepted: 0,
+                next: 1
+            }
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn greedy_keeps_the_matching_prefix(draft in proptest::collection::vec(0u32..4, 0..9), target in proptest::collection::vec(0u32..4, 9)) {
+            let t = &target[..draft.len() + 1];
+            let v = accept_greedy(&draft, t);
+            let out = v.emitted(&draft);
+            prop_assert!(out.len() <= draft.len() + 1);
+            prop_assert_eq!(&out[..v.accepted], &draft[..v.accepted]);
+            prop_assert_eq!(&out[..], &t[..=v.accepted]);
+            prop_assert_eq!(*out.last().expect("one token"), t[v.accepted]);
+        }
+
+        #[test]
+        fn sampled_rounds_emit_a_draft_prefix_then_a_target_token(
+            gamma in 0usize..6, seed in any::<u64>(),
+            w in proptest::collection::vec(proptest::collection::vec(0.0f64..1.0, 5), 13),
+        ) {
+            let ds: Vec<SparseDist> = w.iter().map(|x| { let mut x = x.clone(); x[0] += 0.01; dist(&x) }).collect();
+            let (q, p) = (&ds[..gamma], &ds[6..6 + gamma + 1]);
+            let mut draws = sampler(seed);
+            let draft: Vec<u32> = q.iter().map(|d| d.draw(draws.uniform())).collect();
+            let v = accept_sampled(&draft, q, p, &mut sampler(seed ^ 1));
+            let out = v.emitted(&draft);
+            prop_assert!(v.accepted <= gamma && out.len() == v.accepted + 1);
+            prop_assert_eq!(&out[..v.accepted], &draft[..v.accepted]);
+            prop_assert!(p[v.accepted].prob(v.next) > 0.0, "the last token comes from the target");
+            let again = accept_sampled(&draft, q, p, &mut sampler(seed ^ 1));
+            prop_assert_eq!(again, v);
+        }
+    }
+}
