@@ -24,30 +24,6 @@ fn roles(cfg: &GemmaConfig) -> Vec<Role> {
     roles
 }
 
-fn shape_of(cfg: &GemmaConfig, role: Role) -> Vec<usize> {
-    use LayerTensor::*;
-    let (h, f, q, kv, hd) = (
-        cfg.hidden_size,
-        cfg.intermediate_size,
-        cfg.q_dim(),
-        cfg.kv_dim(),
-        cfg.head_dim,
-    );
-    match role {
-        Role::Embed | Role::LmHead => vec![cfg.vocab_size, h],
-        Role::FinalNorm => vec![h],
-        Role::Layer(_, t) => match t {
-            Q => vec![q, h],
-            K | V => vec![kv, h],
-            O => vec![h, q],
-            Gate | Up => vec![f, h],
-            Down => vec![h, f],
-            QNorm | KNorm => vec![hd],
-            AttnNorm | PostAttnNorm | PreFfnNorm | PostFfnNorm => vec![h],
-        },
-    }
-}
-
 /// The HF `config.json` text of `cfg`.
 pub fn hf_config_json(cfg: &GemmaConfig) -> String {
     let mut v = serde_json::json!({
@@ -91,7 +67,7 @@ pub fn export_hf(gguf: &Path, out_dir: &Path) -> Result<()> {
     std::fs::create_dir_all(out_dir).map_err(|e| GemmaError::io(out_dir, e))?;
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     for role in roles(&cfg) {
-        let shape = shape_of(&cfg, role);
+        let shape = role.shape(&cfg);
         let data = if shape.len() == 2 {
             src.matrix(role, shape[0], shape[1])?.dequantize()
         } else {

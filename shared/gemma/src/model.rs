@@ -123,40 +123,44 @@ impl Gemma3 {
     }
 
     fn build(cfg: GemmaConfig, src: &dyn TensorSource) -> Result<Self> {
-        let (h, f) = (cfg.hidden_size, cfg.intermediate_size);
-        let (qd, kd, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let mat = |role: Role| {
+            let shape = role.shape(&cfg);
+            src.matrix(role, shape[0], shape[1])
+        };
+        let vec = |role: Role| src.vector(role, role.shape(&cfg)[0]);
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 use LayerTensor::*;
-                let mat = |t, n, k| src.matrix(Role::Layer(i, t), n, k);
-                let vec = |t, n| src.vector(Role::Layer(i, t), n);
+                let at = |t| Role::Layer(i, t);
                 Ok(Layer {
-                    attn_norm: vec(AttnNorm, h)?,
-                    q: mat(Q, qd, h)?,
-                    k: mat(K, kd, h)?,
-                    v: mat(V, kd, h)?,
-                    o: mat(O, h, qd)?,
-                    q_norm: vec(QNorm, hd)?,
-                    k_norm: vec(KNorm, hd)?,
-                    post_attn_norm: vec(PostAttnNorm, h)?,
-                    pre_ffn_norm: vec(PreFfnNorm, h)?,
-                    gate: mat(Gate, f, h)?,
-                    up: mat(Up, f, h)?,
-                    down: mat(Down, h, f)?,
-                    post_ffn_norm: vec(PostFfnNorm, h)?,
+                    attn_norm: vec(at(AttnNorm))?,
+                    q: mat(at(Q))?,
+                    k: mat(at(K))?,
+                    v: mat(at(V))?,
+                    o: mat(at(O))?,
+                    q_norm: vec(at(QNorm))?,
+                    k_norm: vec(at(KNorm))?,
+                    post_attn_norm: vec(at(PostAttnNorm))?,
+                    pre_ffn_norm: vec(at(PreFfnNorm))?,
+                    gate: mat(at(Gate))?,
+                    up: mat(at(Up))?,
+                    down: mat(at(Down))?,
+                    post_ffn_norm: vec(at(PostFfnNorm))?,
                     sliding: cfg.is_sliding(i),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let embed = src.matrix(Role::Embed, cfg.vocab_size, h)?;
+        let embed = mat(Role::Embed)?;
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
-            Some(src.matrix(Role::LmHead, cfg.vocab_size, h)?)
+            Some(mat(Role::LmHead)?)
         };
+        let final_norm = vec(Role::FinalNorm)?;
+        let hd = cfg.head_dim;
         let factor = cfg.rope_scaling.as_ref().map_or(1.0, |s| s.factor);
         Ok(Self {
-            final_norm: src.vector(Role::FinalNorm, h)?,
+            final_norm,
             rope_local: Rope::new(hd, cfg.rope_local_base_freq, 1.0),
             rope_global: Rope::new(hd, cfg.rope_theta, factor),
             embed,

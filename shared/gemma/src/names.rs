@@ -1,4 +1,7 @@
-//! Tensor roles of a Gemma 3 decoder and their names in the HF and GGUF layouts.
+//! Tensor roles of a Gemma 3 decoder: their shapes and their names in the HF and GGUF
+//! layouts.
+
+use crate::config::GemmaConfig;
 
 /// A per-layer tensor of the decoder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +63,30 @@ impl Role {
                 AttnNorm | QNorm | KNorm | PostAttnNorm | PreFfnNorm | PostFfnNorm
             ),
             _ => false,
+        }
+    }
+
+    /// Shape of the tensor under `cfg`: `[outputs, inputs]` for matrices, `[len]` for vectors.
+    pub(crate) fn shape(self, cfg: &GemmaConfig) -> Vec<usize> {
+        use LayerTensor::*;
+        let (h, f, q, kv) = (
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+        );
+        match self {
+            Role::Embed | Role::LmHead => vec![cfg.vocab_size, h],
+            Role::FinalNorm => vec![h],
+            Role::Layer(_, t) => match t {
+                Q => vec![q, h],
+                K | V => vec![kv, h],
+                O => vec![h, q],
+                Gate | Up => vec![f, h],
+                Down => vec![h, f],
+                QNorm | KNorm => vec![cfg.head_dim],
+                AttnNorm | PostAttnNorm | PreFfnNorm | PostFfnNorm => vec![h],
+            },
         }
     }
 
