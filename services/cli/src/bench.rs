@@ -125,7 +125,7 @@ fn target(a: TargetArgs) -> Result<()> {
     let blocks = block_costs(&model, &ids, &a, step_ms)?;
     let report = TargetReport {
         precision: format!("{:?}", model.precision()).to_lowercase(),
-        threads: rayon_threads(),
+        threads: available_threads(),
         prompt_tokens: a.prompt_tokens,
         prefill_tok_s: median(prefill),
         decode_tokens: a.decode_tokens,
@@ -179,7 +179,7 @@ fn block_costs(
     Ok(out)
 }
 
-fn rayon_threads() -> usize {
+fn available_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 

@@ -276,52 +276,29 @@ fn bad_model_files_give_clear_errors() {
         "{msg}"
     );
 
-    let llama = tmp.path().join("llama.gguf");
-    write_gguf(
-        &llama,
-        &GgufSpec {
+    let variant = |name: &str, matrix_type, arch, skip| {
+        let path = tmp.path().join(name);
+        let spec = GgufSpec {
             cfg: &cfg,
             seed: 1,
-            matrix_type: GgmlDType::F32,
-            arch: "llama",
-            skip: &[],
-        },
+            matrix_type,
+            arch,
+            skip,
+        };
+        write_gguf(&path, &spec);
+        load_err(&path)
+    };
+    let msg = variant("llama.gguf", GgmlDType::F32, "llama", &[]);
+    assert!(msg.contains("not supported"), "{msg}");
+    let msg = variant("q4_1.gguf", GgmlDType::Q4_1, "gemma3", &[]);
+    assert!(msg.contains("unsupported type Q4_1"), "{msg}");
+    let msg = variant(
+        "holey.gguf",
+        GgmlDType::F32,
+        "gemma3",
+        &["blk.3.ffn_up.weight"],
     );
-    assert!(
-        load_err(&llama).contains("not supported"),
-        "{}",
-        load_err(&llama)
-    );
-
-    let q41 = tmp.path().join("q4_1.gguf");
-    write_gguf(
-        &q41,
-        &GgufSpec {
-            cfg: &cfg,
-            seed: 1,
-            matrix_type: GgmlDType::Q4_1,
-            arch: "gemma3",
-            skip: &[],
-        },
-    );
-    assert!(
-        load_err(&q41).contains("unsupported type Q4_1"),
-        "{}",
-        load_err(&q41)
-    );
-
-    let holey = tmp.path().join("holey.gguf");
-    write_gguf(
-        &holey,
-        &GgufSpec {
-            cfg: &cfg,
-            seed: 1,
-            matrix_type: GgmlDType::F32,
-            arch: "gemma3",
-            skip: &["blk.3.ffn_up.weight"],
-        },
-    );
-    assert_eq!(load_err(&holey), "missing tensor blk.3.ffn_up.weight");
+    assert_eq!(msg, "missing tensor blk.3.ffn_up.weight");
 }
 
 #[test]
