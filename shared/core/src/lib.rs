@@ -1,8 +1,14 @@
-//! The pure core of tandem: sampling and the acceptance rules of speculative decoding.
-//! No tensors, no I/O: plain slices in, plain values out, deterministic given a seed.
+//! The pure core of tandem: sampling, the acceptance rules of speculative decoding and the
+//! proposer interface the round drafts through. No tensors, no I/O: plain slices in, plain
+//! values out, deterministic given a seed.
 
 pub mod acceptance;
+pub mod proposer;
 pub mod sampling;
 
 pub use acceptance::{accept_greedy, accept_sampled, Verdict};
-pub use sampling::{argmax, Sampler, SamplingError, SamplingParams, SparseDist};
+pub use proposer::{
+    DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, SnapshotRows,
+    SnapshotSpec,
+};
+pub use sampling::{argmax, distribution, Sampler, SamplingError, SamplingParams, SparseDist};

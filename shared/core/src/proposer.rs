@@ -1,0 +1,118 @@
+//! The narrow interface between the verifier's round and whatever drafts blocks (a DSpark
+//! model in process, a remote drafter over gRPC, a test oracle). A session mirrors one
+//! generation: the verifier sends it the snapshot rows of every committed position, in order
+//! and exactly once, and asks it for a block after an anchor token. Dropping a session closes
+//! it and frees what the proposer held for it.
+
+use crate::sampling::{SamplingParams, SparseDist};
+
+/// What a proposer needs to see of each committed target position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotSpec {
+    /// Target hidden-state taps, concatenated per row in this order: `i` below the number of
+    /// target layers is the output of layer `i`; the number of layers means the final norm.
+    pub taps: Vec<usize>,
+    /// Width of one tap (the target hidden size).
+    pub hidden: usize,
+}
+
+impl SnapshotSpec {
+    /// Floats per snapshot row.
+    pub fn row_width(&self) -> usize {
+        self.taps.len() * self.hidden
+    }
+}
+
+/// Snapshot rows of consecutive committed positions `start..start + rows()`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SnapshotRows {
+    /// Position of the first row.
+    pub start: usize,
+    /// Floats per row ([`SnapshotSpec::row_width`]).
+    pub width: usize,
+    /// Row-major `rows × width` values.
+    pub data: Vec<f32>,
+}
+
+impl SnapshotRows {
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.data.len().checked_div(self.width).unwrap_or(0)
+    }
+}
+
+/// What the verifier asks for: `gamma` tokens following `anchor`, which sits at `position`
+/// (the number of committed positions: the anchor itself is not yet committed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProposeRequest {
+    /// The last token chosen by the target, not yet run through it.
+    pub anchor: u32,
+    /// The anchor's position.
+    pub position: usize,
+    /// Number of tokens to draft (at least 1).
+    pub gamma: usize,
+}
+
+/// A drafted block.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DraftBlock {
+    /// Target token ids `d1..dγ`.
+    pub tokens: Vec<u32>,
+    /// The drafter's confidence that each token will be accepted, in [0, 1].
+    pub confidences: Vec<f32>,
+    /// The distribution each token was drawn from (a point mass when greedy); rejection
+    /// sampling needs them exactly.
+    pub dists: Vec<SparseDist>,
+}
+
+/// Why a proposer could not serve a call. Messages are one line, for users.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProposeError {
+    /// The call does not fit the session (wrong row width, positions out of order, γ
+    /// above the proposer's maximum, an anchor outside the vocabulary).
+    #[error("invalid proposer call: {0}")]
+    Invalid(String),
+    /// The proposer cannot serve now (a remote drafter is gone, a model failed).
+    #[error("proposer unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Opens drafting sessions. Shared by all of a verifier's generations.
+pub trait Proposer: Send + Sync {
+    /// The snapshot rows this proposer consumes.
+    fn snapshot_spec(&self) -> SnapshotSpec;
+    /// The largest γ one proposal may ask for.
+    fn max_gamma(&self) -> usize;
+    /// Opens a session for one generation sampled with `sampling`.
+    fn open(&self, sampling: &SamplingParams) -> Result<Box<dyn ProposerSession>, ProposeError>;
+}
+
+/// One generation's drafting state. Dropping it closes the session.
+pub trait ProposerSession: Send {
+    /// Appends the snapshot rows of newly committed positions; `rows.start` must equal the
+    /// number of positions already received.
+    fn extend(&mut self, rows: &SnapshotRows) -> Result<(), ProposeError>;
+    /// Drafts a block. `req.position` must equal the number of positions received.
+    fn propose(&mut self, req: &ProposeRequest) -> Result<DraftBlock, ProposeError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_follow_width() {
+        let spec = SnapshotSpec {
+            taps: vec![3, 17, 18],
+            hidden: 4,
+        };
+        let rows = SnapshotRows {
+            start: 5,
+            width: spec.row_width(),
+            data: vec![0.0; 24],
+        };
+        assert_eq!(spec.row_width(), 12);
+        assert_eq!(rows.rows(), 2);
+        assert_eq!(SnapshotRows::default().rows(), 0);
+    }
+}
