@@ -5,6 +5,7 @@
 pub mod acceptance;
 pub mod proposer;
 pub mod sampling;
+pub mod stopping;
 
 pub use acceptance::{accept_greedy, accept_sampled, Verdict};
 pub use proposer::{
@@ -12,3 +13,4 @@ pub use proposer::{
     SnapshotSpec,
 };
 pub use sampling::{argmax, distribution, Sampler, SamplingError, SamplingParams, SparseDist};
+pub use stopping::{Chunk, FinishReason, Output, StopConfig};
