@@ -110,14 +110,19 @@ impl Output {
         None
     }
 
-    /// Ends the generation with `reason` unless it already ended; `tail` is text the
-    /// detokenizer still held (it can complete a stop string, which then wins).
+    /// Ends the generation with `reason` unless it already ended, and appends `tail`, text
+    /// the detokenizer still held back. The tail can complete a stop string, which then wins;
+    /// nothing is appended after a stop string.
     pub fn finish(&mut self, reason: FinishReason, tail: Option<&str>) -> FinishReason {
-        if let Some(done) = self.finish {
-            return done;
+        if self.finish == Some(FinishReason::Stop) {
+            return FinishReason::Stop;
         }
         let stopped = tail.is_some_and(|t| self.append_text(t));
-        let reason = if stopped { FinishReason::Stop } else { reason };
+        let reason = match self.finish {
+            _ if stopped => FinishReason::Stop,
+            Some(done) => done,
+            None => reason,
+        };
         self.end(reason);
         reason
     }
@@ -243,6 +248,8 @@ mod tests {
         assert_eq!(out.remaining(), 1);
         assert_eq!(out.push(6, Some("b")), Some(FinishReason::Length));
         assert_eq!(out.take_chunk().text, "ab");
+        assert_eq!(out.finish(FinishReason::Cancelled, Some("c")), FinishReason::Length);
+        assert_eq!(out.take_chunk().text, "c");
     }
 
     #[test]

@@ -1,0 +1,326 @@
+//! The generation loop (Leviathan et al. 2023; Chen et al. 2023; the round of
+//! ARCHITECTURE.md). Plain decoding is the same loop with empty drafts: every round runs the
+//! anchor (the last token the target chose, not yet run) plus the drafted block through one
+//! target forward, keeps the accepted prefix and one token chosen by the target, rolls the KV
+//! cache back past the rejected tail and hands the proposer the snapshot rows of exactly the
+//! newly committed positions. Request handling (sampling, stopping, streaming) is shared, so
+//! greedy speculative output is token-for-token the plain output.
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::Tensor;
+use tandem_core::{
+    accept_greedy, accept_sampled, argmax, distribution, Chunk, DraftBlock, FinishReason,
+    Output, Proposer, Sampler, Verdict,
+};
+use tandem_gemma::{ForwardOptions, ForwardOutput, Gemma3, KvCache, LogitsMode};
+use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
+
+use crate::drafting::Drafting;
+use crate::error::{EngineError, Result};
+use crate::request::GenerationRequest;
+use crate::stats::{RoundStats, SpecStats, Timing};
+
+/// What the caller's sink receives after the first token and after every round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Update {
+    /// New tokens and text.
+    pub chunk: Chunk,
+    /// The round that produced them (`None` for the first token and a closing chunk).
+    pub round: Option<RoundStats>,
+}
+
+/// The end of a generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// Why it ended.
+    pub finish: FinishReason,
+    /// Every generated token.
+    pub tokens: Vec<u32>,
+    /// The generated text (cut at a stop string).
+    pub text: String,
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// Speculation figures.
+    pub spec: SpecStats,
+    /// Wall-clock figures.
+    pub timing: Timing,
+}
+
+/// Receives each [`Update`]; `Break` cancels the generation.
+pub type Sink<'s> = dyn FnMut(&Update) -> ControlFlow<()> + 's;
+
+/// A target model with its tokenizer, shared by all generations.
+#[derive(Clone)]
+pub struct Engine {
+    model: Arc<Gemma3>,
+    tokenizer: Arc<GemmaTokenizer>,
+}
+
+impl Engine {
+    /// An engine over a loaded target and its tokenizer.
+    pub fn new(model: Arc<Gemma3>, tokenizer: Arc<GemmaTokenizer>) -> Self {
+        Self { model, tokenizer }
+    }
+
+    /// The target.
+    pub fn model(&self) -> &Arc<Gemma3> {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Arc<GemmaTokenizer> {
+        &self.tokenizer
+    }
+
+    /// Runs one generation, speculatively when `proposer` is given and `req.gamma > 0`.
+    pub fn generate(
+        &self,
+        req: &GenerationRequest,
+        proposer: Option<&dyn Proposer>,
+        sink: &mut Sink<'_>,
+    ) -> Result<Outcome> {
+        req.validate()?;
+        self.check_prompt(&req.prompt)?;
+        let mut run = Generation::start(self, req, proposer)?;
+        run.run(sink)?;
+        Ok(run.outcome())
+    }
+
+    fn check_prompt(&self, prompt: &[u32]) -> Result<()> {
+        let cfg = self.model.config();
+        if let Some(t) = prompt.iter().find(|t| **t as usize >= cfg.vocab_size) {
+            return Err(EngineError::InvalidRequest(format!(
+                "prompt token {t} is outside the vocabulary of {}",
+                cfg.vocab_size
+            )));
+        }
+        if prompt.len() >= cfg.max_position_embeddings {
+            return Err(EngineError::InvalidRequest(format!(
+                "the prompt has {} tokens; the model's context is {}",
+                prompt.len(),
+                cfg.max_position_embeddings
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The state of one running generation.
+struct Generation<'e> {
+    model: &'e Gemma3,
+    req: &'e GenerationRequest,
+    cache: KvCache,
+    sampler: Sampler,
+    output: Output,
+    stream: StreamDecoder<'e>,
+    drafting: Option<Drafting>,
+    gamma: usize,
+    stats: SpecStats,
+    timing: Timing,
+    started: Instant,
+}
+
+impl<'e> Generation<'e> {
+    fn start(
+        engine: &'e Engine,
+        req: &'e GenerationRequest,
+        proposer: Option<&dyn Proposer>,
+    ) -> Result<Self> {
+        let started = Instant::now();
+        let gamma = proposer.map_or(0, |p| req.gamma.min(p.max_gamma()));
+        let mut stats = SpecStats::default();
+        let drafting = match proposer {
+            Some(p) if gamma > 0 => Drafting::open(p, &req.sampling, &mut stats),
+            _ => None,
+        };
+        let capacity = req.prompt.len() + req.max_tokens + gamma + 1;
+        Ok(Self {
+            model: &engine.model,
+            req,
+            cache: engine.model.new_cache(capacity),
+            sampler: Sampler::new(req.sampling)?,
+            output: Output::new(req.stop_config(engine.tokenizer.stop_ids())),
+            stream: engine.tokenizer.stream(),
+            drafting,
+            gamma,
+            stats,
+            timing: Timing::default(),
+            started,
+        })
+    }
+
+    fn run(&mut self, sink: &mut Sink<'_>) -> Result<()> {
+        let mut anchor = self.prefill()?;
+        self.timing.ttft_s = self.started.elapsed().as_secs_f64();
+        let decode_start = Instant::now();
+        self.emit(&[anchor], None, sink)?;
+        while self.output.finished().is_none() {
+            if self.cache.len() >= self.cache.max_len() {
+                self.close(FinishReason::Length, sink)?;
+                break;
+            }
+            let (emitted, round) = self.round(anchor)?;
+            anchor = *emitted.last().unwrap_or(&anchor);
+            self.emit(&emitted, Some(round), sink)?;
+        }
+        self.timing.decode_s = decode_start.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    fn forward_options(&self, logits: LogitsMode) -> ForwardOptions {
+        ForwardOptions {
+            logits,
+            taps: self
+                .drafting
+                .as_ref()
+                .map_or_else(Vec::new, |d| d.spec().taps.clone()),
+        }
+    }
+
+    /// Runs the prompt and chooses the first token.
+    fn prefill(&mut self) -> Result<u32> {
+        let t0 = Instant::now();
+        let opts = self.forward_options(LogitsMode::Last);
+        let out = self
+            .model
+            .forward(&self.req.prompt, 0, &mut self.cache, &opts)?;
+        self.timing.prefill_s = t0.elapsed().as_secs_f64();
+        self.send_rows(&out, 0, self.req.prompt.len())?;
+        let verdict = self.verify(&out, &DraftBlock::default())?;
+        Ok(verdict.next)
+    }
+
+    /// One round after `anchor`; returns the emitted tokens and the round's figures.
+    fn round(&mut self, anchor: u32) -> Result<(Vec<u32>, RoundStats)> {
+        let n = self.cache.len();
+        let room = self.cache.max_len() - n - 1;
+        let gamma = self.gamma.min(self.output.remaining() - 1).min(room);
+        let t0 = Instant::now();
+        let draft = match (&mut self.drafting, gamma) {
+            (Some(d), 1..) => d.propose(anchor, n, gamma, self.model.config().vocab_size),
+            _ => Ok(DraftBlock::default()),
+        }
+        .unwrap_or_else(|e| {
+            self.drop_drafting(&e);
+            DraftBlock::default()
+        });
+        let draft_s = t0.elapsed().as_secs_f64();
+        let mut block = vec![anchor];
+        block.extend_from_slice(&draft.tokens);
+        let t1 = Instant::now();
+        let opts = self.forward_options(LogitsMode::All);
+        let out = self.model.forward(&block, n, &mut self.cache, &opts)?;
+        let verdict = self.verify(&out, &draft)?;
+        self.cache.truncate(n + verdict.accepted + 1)?;
+        let verify_s = t1.elapsed().as_secs_f64();
+        let t2 = Instant::now();
+        self.send_rows(&out, n, verdict.accepted + 1)?;
+        let round = RoundStats {
+            drafted: draft.tokens.len(),
+            accepted: verdict.accepted,
+            draft_s: draft_s + t2.elapsed().as_secs_f64(),
+            verify_s,
+        };
+        self.stats.record(&round);
+        Ok((verdict.emitted(&draft.tokens), round))
+    }
+
+    /// Accepts a prefix of `draft` against the target logits of `out` and chooses the next
+    /// token, with the request's sampling applied identically to plain decoding.
+    fn verify(&mut self, out: &ForwardOutput, draft: &DraftBlock) -> Result<Verdict> {
+        let logits = out
+            .logits
+            .as_ref()
+            .ok_or_else(|| EngineError::InvalidRequest("forward returned no logits".into()))?;
+        let rows = logits_rows(logits, draft.tokens.len() + 1)?;
+        if self.req.sampling.is_greedy() {
+            let best: Vec<u32> = rows.iter().map(|r| argmax(r)).collect();
+            return Ok(accept_greedy(&draft.tokens, &best));
+        }
+        let p: Vec<_> = rows
+            .iter()
+            .map(|r| distribution(r, &self.req.sampling))
+            .collect();
+        Ok(accept_sampled(&draft.tokens, &draft.dists, &p, &mut self.sampler))
+    }
+
+    /// Sends the proposer the snapshot rows of `rows` newly committed positions from `pos`.
+    fn send_rows(&mut self, out: &ForwardOutput, pos: usize, rows: usize) -> Result<()> {
+        let Some(d) = &mut self.drafting else {
+            return Ok(());
+        };
+        if let Err(e) = d.extend(&out.taps, pos, rows)? {
+            self.drop_drafting(&e);
+        }
+        Ok(())
+    }
+
+    fn drop_drafting(&mut self, e: &tandem_core::ProposeError) {
+        tracing::warn!("speculation off for this generation: {e}");
+        self.stats.proposer_failures += 1;
+        self.drafting = None;
+    }
+
+    /// Streams `tokens` through the stop conditions to the sink.
+    fn emit(
+        &mut self,
+        tokens: &[u32],
+        round: Option<RoundStats>,
+        sink: &mut Sink<'_>,
+    ) -> Result<()> {
+        for t in tokens {
+            let text = self.stream.push(*t)?;
+            if self.output.push(*t, text.as_deref()).is_some() {
+                let tail = self.stream.finish()?;
+                self.output.finish(FinishReason::Length, tail.as_deref());
+                break;
+            }
+        }
+        self.deliver(round, sink);
+        Ok(())
+    }
+
+    /// Ends the generation with `reason` and sends the last chunk.
+    fn close(&mut self, reason: FinishReason, sink: &mut Sink<'_>) -> Result<()> {
+        let tail = self.stream.finish()?;
+        self.output.finish(reason, tail.as_deref());
+        self.deliver(None, sink);
+        Ok(())
+    }
+
+    fn deliver(&mut self, round: Option<RoundStats>, sink: &mut Sink<'_>) {
+        let update = Update {
+            chunk: self.output.take_chunk(),
+            round,
+        };
+        if sink(&update).is_break() {
+            self.output.finish(FinishReason::Cancelled, None);
+        }
+    }
+
+    fn outcome(self) -> Outcome {
+        Outcome {
+            finish: self.output.finished().unwrap_or(FinishReason::Error),
+            tokens: self.output.tokens().to_vec(),
+            text: self.output.text().to_string(),
+            prompt_tokens: self.req.prompt.len(),
+            spec: self.stats,
+            timing: self.timing,
+        }
+    }
+}
+
+/// The first `rows` rows of a `[m, vocab]` logits tensor.
+fn logits_rows(logits: &Tensor, rows: usize) -> Result<Vec<Vec<f32>>> {
+    let all = logits.to_vec2::<f32>()?;
+    if all.len() < rows {
+        return Err(EngineError::InvalidRequest(format!(
+            "forward returned {} logits rows, {rows} needed",
+            all.len()
+        )));
+    }
+    Ok(all.into_iter().take(rows).collect())
+}

@@ -1,0 +1,14 @@
+//! Generation on a Gemma target, plain or speculative, in one process: the verifier's
+//! round over any [`tandem_core::Proposer`], the request handling every front end shares
+//! (sampling, stop conditions, streamed text) and the statistics a generation reports.
+
+mod drafting;
+mod engine;
+mod error;
+mod request;
+mod stats;
+
+pub use engine::{Engine, Outcome, Sink, Update};
+pub use error::{EngineError, Result};
+pub use request::GenerationRequest;
+pub use stats::{RoundStats, SpecStats, Timing};

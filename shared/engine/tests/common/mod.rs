@@ -1,0 +1,165 @@
+//! Shared helpers of the engine's tests: the real Gemma 3 270M (fetched by
+//! scripts/fetch-models.sh; tests never download), prompts, and test proposers.
+#![allow(dead_code, missing_docs)]
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use tandem_core::{
+    DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams,
+    SnapshotRows, SnapshotSpec, SparseDist,
+};
+use tandem_engine::{Engine, GenerationRequest, Outcome, Update};
+use tandem_gemma::Gemma3;
+use tandem_tokenizer::GemmaTokenizer;
+
+pub fn models_dir() -> PathBuf {
+    std::env::var_os("TANDEM_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tandem/models")
+        })
+}
+
+fn existing(rel: &str) -> PathBuf {
+    let p = models_dir().join(rel);
+    assert!(p.is_file(), "{} missing: run scripts/fetch-models.sh first", p.display());
+    p
+}
+
+/// The real target and tokenizer, loaded once per test binary.
+pub fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        let model = Gemma3::load(&existing("gemma-3-270m/gemma-3-270m-q4_k_m.gguf")).expect("model");
+        let tok = GemmaTokenizer::from_file(&existing("gemma-3-tokenizer/tokenizer.json"))
+            .expect("tokenizer");
+        Engine::new(Arc::new(model), Arc::new(tok))
+    })
+}
+
+/// Twenty prompts of different kinds: prose, lists, code, dialogue, numbers.
+pub const PROMPTS: [&str; 20] = [
+    "The capital of France is",
+    "1, 2, 3, 4,",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Once upon a time, in a small village by the sea,",
+    "The three primary colors are",
+    "Q: What is the boiling point of water at sea level?\nA:",
+    "import numpy as np\n\nx = np.linspace(0, 1, 100)\n",
+    "Dear hiring manager,\n\nI am writing to apply for",
+    "The mitochondria is the powerhouse of",
+    "SELECT name, email FROM users WHERE",
+    "Photosynthesis converts sunlight into",
+    "Here is a shopping list:\n- eggs\n- milk\n-",
+    "The quick brown fox",
+    "In 1969, Neil Armstrong",
+    "fn main() {\n    let v: Vec<u32> = (0..10).collect();\n",
+    "To make a cup of tea, first",
+    "User: Can you recommend a good book?\nAssistant:",
+    "The Pythagorean theorem states that",
+    "<html>\n<head>\n<title>",
+    "Monday, Tuesday, Wednesday,",
+];
+
+pub fn request(prompt: &str, max_tokens: usize, gamma: usize) -> GenerationRequest {
+    GenerationRequest {
+        prompt: engine().tokenizer().encode(prompt, true).expect("encode"),
+        max_tokens,
+        ignore_eos: true,
+        gamma,
+        ..GenerationRequest::default()
+    }
+}
+
+/// Runs a generation and collects every update.
+pub fn generate(req: &GenerationRequest, proposer: Option<&dyn Proposer>) -> (Outcome, Vec<Update>) {
+    let mut updates = Vec::new();
+    let out = engine()
+        .generate(req, proposer, &mut |u: &Update| {
+            updates.push(u.clone());
+            std::ops::ControlFlow::Continue(())
+        })
+        .expect("generate");
+    (out, updates)
+}
+
+/// How an [`Oracle`] spoils its blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spoil {
+    /// Never: every round accepts the whole block.
+    Never,
+    /// In round `r`, the token at index `r % (γ + 1)` (none when that is γ): accept-all,
+    /// reject-first and partial rounds in turn.
+    Rotating,
+}
+
+/// A test proposer that knows the target's own continuation (`reference` = prompt ++
+/// plain greedy output) and drafts it, possibly spoiled. It checks that the engine sends
+/// snapshot rows in order and exactly once.
+pub struct Oracle {
+    pub reference: Vec<u32>,
+    pub spoil: Spoil,
+    pub spec: SnapshotSpec,
+    pub max_gamma: usize,
+}
+
+struct OracleSession {
+    reference: Vec<u32>,
+    spoil: Spoil,
+    width: usize,
+    received: usize,
+    round: usize,
+}
+
+impl Proposer for Oracle {
+    fn snapshot_spec(&self) -> SnapshotSpec {
+        self.spec.clone()
+    }
+    fn max_gamma(&self) -> usize {
+        self.max_gamma
+    }
+    fn open(&self, _: &SamplingParams) -> Result<Box<dyn ProposerSession>, ProposeError> {
+        Ok(Box::new(OracleSession {
+            reference: self.reference.clone(),
+            spoil: self.spoil,
+            width: self.spec.row_width(),
+            received: 0,
+            round: 0,
+        }))
+    }
+}
+
+impl ProposerSession for OracleSession {
+    fn extend(&mut self, rows: &SnapshotRows) -> Result<(), ProposeError> {
+        assert_eq!(rows.start, self.received, "rows arrive in order, exactly once");
+        assert_eq!(rows.width, self.width);
+        assert!(rows.data.iter().all(|x| x.is_finite()));
+        self.received += rows.rows();
+        Ok(())
+    }
+
+    fn propose(&mut self, req: &ProposeRequest) -> Result<DraftBlock, ProposeError> {
+        assert_eq!(req.position, self.received, "the anchor sits after the committed rows");
+        assert_eq!(self.reference.get(req.position), Some(&req.anchor), "anchor is the target's");
+        let mut tokens: Vec<u32> = (1..=req.gamma)
+            .map(|i| self.reference.get(req.position + i).copied().unwrap_or(0))
+            .collect();
+        if self.spoil == Spoil::Rotating {
+            if let Some(t) = tokens.get_mut(self.round % (req.gamma + 1)) {
+                *t = (*t + 1) % 1000;
+            }
+        }
+        self.round += 1;
+        let dists = tokens
+            .iter()
+            .map(|t| SparseDist { ids: vec![*t], probs: vec![1.0] })
+            .collect();
+        Ok(DraftBlock { confidences: vec![1.0; tokens.len()], tokens, dists })
+    }
+}
+
+/// The snapshot a DSpark drafter for the 270M would ask for.
+pub fn spec_270m() -> SnapshotSpec {
+    SnapshotSpec { taps: vec![5, 11, 17, 18], hidden: 640 }
+}

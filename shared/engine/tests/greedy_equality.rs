@@ -1,0 +1,48 @@
+//! Greedy speculative decoding on the real Gemma 3 270M emits exactly the plain tokens:
+//! 20 prompts × 64 new tokens, γ ∈ {1, 4, 8}, with an oracle proposer that drafts the
+//! target's own continuation (every round accepts all) and one that spoils its blocks in
+//! rotation (accept-all, reject-first and partial rounds).
+
+mod common;
+
+use common::{generate, request, spec_270m, Oracle, Spoil, PROMPTS};
+
+const NEW_TOKENS: usize = 64;
+
+fn check(spoil: Spoil) {
+    for prompt in PROMPTS {
+        let plain = generate(&request(prompt, NEW_TOKENS, 0), None).0;
+        assert_eq!(plain.tokens.len(), NEW_TOKENS, "{prompt:?}");
+        let mut reference = request(prompt, 1, 0).prompt;
+        reference.extend_from_slice(&plain.tokens);
+        for gamma in [1, 4, 8] {
+            let oracle = Oracle { reference: reference.clone(), spoil, spec: spec_270m(), max_gamma: 8 };
+            let (spec, updates) = generate(&request(prompt, NEW_TOKENS, gamma), Some(&oracle));
+            assert_eq!(spec.tokens, plain.tokens, "{prompt:?} γ={gamma} {spoil:?}");
+            assert_eq!(spec.text, plain.text);
+            assert_eq!(spec.spec.proposer_failures, 0);
+            let rounds: Vec<_> = updates.iter().filter_map(|u| u.round).filter(|r| r.drafted > 0).collect();
+            assert!(rounds.iter().all(|r| r.drafted <= gamma && r.accepted <= r.drafted));
+            let all = rounds.iter().filter(|r| r.accepted == r.drafted).count();
+            let first = rounds.iter().filter(|r| r.accepted == 0).count();
+            let partial = rounds.len() - all - first;
+            match spoil {
+                Spoil::Never => assert_eq!(all, rounds.len(), "{prompt:?} γ={gamma}"),
+                Spoil::Rotating => {
+                    assert!(all > 0 && first > 0, "{prompt:?} γ={gamma}: {all} {first}");
+                    assert!(gamma == 1 || partial > 0, "{prompt:?} γ={gamma}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn oracle_that_is_always_right() {
+    check(Spoil::Never);
+}
+
+#[test]
+fn oracle_spoiling_blocks_in_rotation() {
+    check(Spoil::Rotating);
+}
