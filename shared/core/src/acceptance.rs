@@ -182,6 +182,52 @@ mod tests {
         }
     }
 
+    /// Whole generations, not just one token: a 3-token sequence produced by rounds of
+    /// γ = 2 (accepted prefixes, corrections and bonus tokens) from a context-dependent draft
+    /// `q(·|prev)` is distributed exactly as the target's `p(·|prev)` chain.
+    #[test]
+    fn speculative_rounds_reproduce_the_target_sequence_distribution() {
+        let p_table = [[0.6, 0.3, 0.1], [0.1, 0.1, 0.8], [0.3, 0.4, 0.3]];
+        let q_table = [[0.2, 0.2, 0.6], [0.5, 0.5, 0.0], [0.9, 0.05, 0.05]];
+        let (p_of, q_of) = (|t: u32| dist(&p_table[t as usize]), |t: u32| dist(&q_table[t as usize]));
+        let (mut draws, mut rng) = (sampler(5), sampler(6));
+        let n = 200_000;
+        let mut counts = vec![0f64; 27];
+        for _ in 0..n {
+            let mut seq: Vec<u32> = Vec::new();
+            let mut prev = 0u32;
+            while seq.len() < 3 {
+                let mut draft = Vec::new();
+                let (mut q, mut p) = (Vec::new(), vec![p_of(prev)]);
+                let mut last = prev;
+                for _ in 0..2 {
+                    q.push(q_of(last));
+                    last = q[q.len() - 1].draw(draws.uniform());
+                    draft.push(last);
+                    p.push(p_of(last));
+                }
+                let v = accept_sampled(&draft, &q, &p, &mut rng);
+                seq.extend(v.emitted(&draft));
+                prev = *seq.last().expect("a token");
+            }
+            counts[(seq[0] * 9 + seq[1] * 3 + seq[2]) as usize] += 1.0;
+        }
+        let mut exact = vec![0f64; 27];
+        for (i, e) in exact.iter_mut().enumerate() {
+            let (a, b, c) = (i / 9, i / 3 % 3, i % 3);
+            *e = p_table[0][a] * p_table[a][b] * p_table[b][c];
+        }
+        let emp: Vec<f64> = counts.iter().map(|c| c / n as f64).collect();
+        let d = l2(&emp, &exact);
+        assert!(d < 0.005, "L2 {d}");
+        let mut drafted = vec![0f64; 27];
+        for (i, e) in drafted.iter_mut().enumerate() {
+            let (a, b, c) = (i / 9, i / 3 % 3, i % 3);
+            *e = q_table[0][a] * q_table[a][b] * q_table[b][c];
+        }
+        assert!(l2(&drafted, &exact) > 20.0 * d);
+    }
+
     #[test]
     fn identical_distributions_accept_everything() {
         let p = dist(&[0.5, 0.5]);
