@@ -2,16 +2,18 @@
 //! and the cost of one forward over a block of B tokens at a fixed context — the curve that
 //! decides how much speculation can win on this machine.
 
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde::Serialize;
-use tandem_core::{Sampler, SamplingParams};
 use tandem_gemma::{ForwardOptions, Gemma3, LogitsMode};
 
-use crate::generate::decode_plain;
+use tandem_engine::{GenerationRequest, Update};
+
+use crate::generate::{decode_tok_s, load_engine};
 use crate::models::ModelArgs;
 
 /// A fixed English passage; the bench tokenizes it (repeated) and takes as many tokens as it
@@ -96,7 +98,8 @@ fn target(a: TargetArgs) -> Result<()> {
     if a.repeats == 0 || a.blocks.contains(&0) || a.prompt_tokens == 0 || a.decode_tokens < 2 {
         bail!("repeats, block sizes and prompt tokens must be >= 1 and decode tokens >= 2");
     }
-    let (model, tok) = a.models.load()?;
+    let engine = load_engine(&a.models)?;
+    let (model, tok) = (engine.model().as_ref(), engine.tokenizer());
     let need = a
         .prompt_tokens
         .max(a.context + a.blocks.iter().max().copied().unwrap_or(1));
@@ -113,16 +116,18 @@ fn target(a: TargetArgs) -> Result<()> {
         let t = Instant::now();
         model.forward(&ids[..a.prompt_tokens], 0, &mut cache, &last)?;
         prefill.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
-        let mut sampler = Sampler::new(SamplingParams::default())?;
-        let prompt = &ids[..a.prompt_tokens.min(32)];
-        let run = decode_plain(&model, prompt, a.decode_tokens, &mut sampler, &[], |_| {
-            Ok(())
-        })?;
-        decode.push((run.tokens.len() - 1) as f64 / run.decode_s);
+        let req = GenerationRequest {
+            prompt: ids[..a.prompt_tokens.min(32)].to_vec(),
+            max_tokens: a.decode_tokens,
+            ignore_eos: true,
+            ..GenerationRequest::default()
+        };
+        let run = engine.generate(&req, None, &mut |_: &Update| ControlFlow::Continue(()))?;
+        decode.push(decode_tok_s(&run));
     }
     let decode_tok_s = median(decode);
     let step_ms = 1000.0 / decode_tok_s;
-    let blocks = block_costs(&model, &ids, &a, step_ms)?;
+    let blocks = block_costs(model, &ids, &a, step_ms)?;
     let report = TargetReport {
         precision: format!("{:?}", model.precision()).to_lowercase(),
         threads: available_threads(),

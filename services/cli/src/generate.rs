@@ -1,13 +1,14 @@
-//! `tandem generate`: plain autoregressive decoding of the target, streamed to stdout.
+//! `tandem generate`: one generation streamed to stdout, plain or speculative (in process,
+//! with a DSpark drafter), through the engine's shared request handling.
 
 use std::io::Write;
-use std::time::Instant;
+use std::ops::ControlFlow;
+use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
-use tandem_core::{Sampler, SamplingParams};
-use tandem_gemma::{ForwardOptions, Gemma3, KvCache, LogitsMode};
-use tandem_tokenizer::GemmaTokenizer;
+use tandem_core::{FinishReason, SamplingParams};
+use tandem_engine::{Engine, GenerationRequest, Outcome, Update};
 
 use crate::models::ModelArgs;
 
@@ -32,6 +33,9 @@ pub struct GenerateArgs {
     /// Seed of the sampling stream.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Stop when this text appears (repeatable); the text ends before it.
+    #[arg(long = "stop")]
+    stop: Vec<String>,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
@@ -39,118 +43,80 @@ pub struct GenerateArgs {
     models: ModelArgs,
 }
 
-/// What one plain generation produced, with its timings.
-pub struct PlainRun {
-    /// Generated token ids.
-    pub tokens: Vec<u32>,
-    /// Seconds spent on the prompt forward.
-    pub prefill_s: f64,
-    /// Seconds spent on the decode steps after the first token.
-    pub decode_s: f64,
-}
-
-/// Greedy or sampled plain decoding; `on_token` sees each token as it is produced.
-pub fn decode_plain(
-    model: &Gemma3,
-    prompt: &[u32],
-    max_tokens: usize,
-    sampler: &mut Sampler,
-    stop_ids: &[u32],
-    mut on_token: impl FnMut(u32) -> Result<()>,
-) -> Result<PlainRun> {
-    let mut cache: KvCache = model.new_cache(prompt.len() + max_tokens);
-    let last = ForwardOptions {
-        logits: LogitsMode::Last,
-        taps: vec![],
-    };
-    let t0 = Instant::now();
-    let out = model.forward(prompt, 0, &mut cache, &last)?;
-    let mut logits = out
-        .logits
-        .context("no logits")?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    let prefill_s = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
-    let mut tokens = Vec::with_capacity(max_tokens);
-    while tokens.len() < max_tokens {
-        let next = sampler.sample(&logits);
-        tokens.push(next);
-        on_token(next)?;
-        if stop_ids.contains(&next) || tokens.len() == max_tokens {
-            break;
+impl GenerateArgs {
+    fn request(&self, engine: &Engine) -> Result<GenerationRequest> {
+        if self.max_tokens == 0 {
+            anyhow::bail!("--max-tokens must be at least 1");
         }
-        let out = model.forward(&[next], cache.len(), &mut cache, &last)?;
-        logits = out
-            .logits
-            .context("no logits")?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
+        let req = GenerationRequest {
+            prompt: engine.tokenizer().encode(&self.prompt, true)?,
+            max_tokens: self.max_tokens,
+            sampling: SamplingParams {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                seed: self.seed,
+            },
+            stop_strings: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+            gamma: 0,
+        };
+        req.validate()?;
+        Ok(req)
     }
-    Ok(PlainRun {
-        tokens,
-        prefill_s,
-        decode_s: t1.elapsed().as_secs_f64(),
-    })
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
-    let params = SamplingParams {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        seed: args.seed,
-    };
-    let mut sampler = Sampler::new(params)?;
-    if args.max_tokens == 0 {
-        anyhow::bail!("--max-tokens must be at least 1");
-    }
-    let (model, tok) = args.models.load()?;
-    let prompt = tok.encode(&args.prompt, true)?;
-    let stop_ids: Vec<u32> = if args.ignore_eos {
-        vec![]
-    } else {
-        tok.stop_ids().to_vec()
-    };
-    let run = stream_generation(
-        &model,
-        &tok,
-        &prompt,
-        args.max_tokens,
-        &mut sampler,
-        &stop_ids,
-    )?;
-    let n = run.tokens.len();
-    eprintln!(
-        "\n[prompt {} tokens, prefill {:.1} tok/s | generated {} tokens, decode {:.1} tok/s]",
-        prompt.len(),
-        prompt.len() as f64 / run.prefill_s,
-        n,
-        n.saturating_sub(1) as f64 / run.decode_s.max(1e-9),
-    );
+    let engine = load_engine(&args.models)?;
+    let req = args.request(&engine)?;
+    let out = stream(&engine, &req)?;
+    eprintln!("\n[{}]", summary(&out));
     Ok(())
 }
 
-fn stream_generation(
-    model: &Gemma3,
-    tok: &GemmaTokenizer,
-    prompt: &[u32],
-    max_tokens: usize,
-    sampler: &mut Sampler,
-    stop_ids: &[u32],
-) -> Result<PlainRun> {
-    let mut stream = tok.stream();
+/// Loads the target and tokenizer named by `models` into an engine.
+pub fn load_engine(models: &ModelArgs) -> Result<Engine> {
+    let (model, tok) = models.load()?;
+    Ok(Engine::new(Arc::new(model), Arc::new(tok)))
+}
+
+/// Runs `req`, writing its text to stdout as it comes.
+fn stream(engine: &Engine, req: &GenerationRequest) -> Result<Outcome> {
     let mut stdout = std::io::stdout().lock();
-    let run = decode_plain(model, prompt, max_tokens, sampler, stop_ids, |t| {
-        if let Some(text) = stream.push(t)? {
-            stdout.write_all(text.as_bytes())?;
-            stdout.flush()?;
+    let mut failed = None;
+    let out = engine.generate(req, None, &mut |u: &Update| {
+        let written = stdout
+            .write_all(u.chunk.text.as_bytes())
+            .and_then(|()| stdout.flush());
+        match written {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                failed = Some(e);
+                ControlFlow::Break(())
+            }
         }
-        Ok(())
     })?;
-    if let Some(text) = stream.finish()? {
-        stdout.write_all(text.as_bytes())?;
+    if let Some(e) = failed {
+        return Err(e.into());
     }
-    stdout.flush()?;
-    Ok(run)
+    Ok(out)
+}
+
+/// Decode speed: tokens after the first over the time after the first.
+pub fn decode_tok_s(out: &Outcome) -> f64 {
+    out.tokens.len().saturating_sub(1) as f64 / out.timing.decode_s.max(1e-9)
+}
+
+fn summary(out: &Outcome) -> String {
+    let reason = match out.finish {
+        FinishReason::Length => "length",
+        other => other.as_str(),
+    };
+    format!(
+        "prompt {} tokens, prefill {:.1} tok/s | generated {} tokens ({reason}), decode {:.1} tok/s",
+        out.prompt_tokens,
+        out.prompt_tokens as f64 / out.timing.prefill_s.max(1e-9),
+        out.tokens.len(),
+        decode_tok_s(out),
+    )
 }

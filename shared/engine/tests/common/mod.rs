@@ -3,7 +3,8 @@
 #![allow(dead_code, missing_docs)]
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tandem_core::{
     DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams,
@@ -82,6 +83,24 @@ pub fn generate(req: &GenerationRequest, proposer: Option<&dyn Proposer>) -> (Ou
         })
         .expect("generate");
     (out, updates)
+}
+
+/// Prompt ++ plain greedy continuation of `new_tokens` (EOS ignored), computed once per
+/// test binary.
+pub fn reference(prompt: &str, new_tokens: usize) -> Vec<u32> {
+    static CACHE: OnceLock<Mutex<HashMap<(String, usize), Vec<u32>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (prompt.to_string(), new_tokens);
+    if let Some(r) = cache.lock().expect("lock").get(&key) {
+        return r.clone();
+    }
+    let req = request(prompt, new_tokens, 0);
+    let plain = generate(&req, None).0;
+    assert_eq!(plain.tokens.len(), new_tokens, "{prompt:?}");
+    let mut r = req.prompt;
+    r.extend(plain.tokens);
+    cache.lock().expect("lock").insert(key, r.clone());
+    r
 }
 
 /// How an [`Oracle`] spoils its blocks.
