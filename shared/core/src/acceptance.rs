@@ -189,7 +189,10 @@ mod tests {
     fn speculative_rounds_reproduce_the_target_sequence_distribution() {
         let p_table = [[0.6, 0.3, 0.1], [0.1, 0.1, 0.8], [0.3, 0.4, 0.3]];
         let q_table = [[0.2, 0.2, 0.6], [0.5, 0.5, 0.0], [0.9, 0.05, 0.05]];
-        let (p_of, q_of) = (|t: u32| dist(&p_table[t as usize]), |t: u32| dist(&q_table[t as usize]));
+        let (p_of, q_of) = (
+            |t: u32| dist(&p_table[t as usize]),
+            |t: u32| dist(&q_table[t as usize]),
+        );
         let (mut draws, mut rng) = (sampler(5), sampler(6));
         let n = 200_000;
         let mut counts = vec![0f64; 27];

@@ -9,8 +9,7 @@ pub mod stopping;
 
 pub use acceptance::{accept_greedy, accept_sampled, Verdict};
 pub use proposer::{
-    DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, SnapshotRows,
-    SnapshotSpec,
+    DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, SnapshotRows, SnapshotSpec,
 };
 pub use sampling::{argmax, distribution, Sampler, SamplingError, SamplingParams, SparseDist};
 pub use stopping::{Chunk, FinishReason, Output, StopConfig};

@@ -248,7 +248,10 @@ mod tests {
         assert_eq!(out.remaining(), 1);
         assert_eq!(out.push(6, Some("b")), Some(FinishReason::Length));
         assert_eq!(out.take_chunk().text, "ab");
-        assert_eq!(out.finish(FinishReason::Cancelled, Some("c")), FinishReason::Length);
+        assert_eq!(
+            out.finish(FinishReason::Cancelled, Some("c")),
+            FinishReason::Length
+        );
         assert_eq!(out.take_chunk().text, "c");
     }
 
@@ -257,7 +260,10 @@ mod tests {
         let mut out = Output::new(cfg(10, &["END"]));
         out.push(5, Some("xxEN"));
         assert_eq!(out.take_chunk().text, "xx");
-        assert_eq!(out.finish(FinishReason::Length, Some("D!")), FinishReason::Stop);
+        assert_eq!(
+            out.finish(FinishReason::Length, Some("D!")),
+            FinishReason::Stop
+        );
         assert_eq!(out.take_chunk().text, "");
         assert_eq!(out.text(), "xx");
     }

@@ -79,7 +79,12 @@ impl Drafting {
 }
 
 /// Interleaves taps into rows: row `r` is `[tap0[r]; tap1[r]; …]`.
-fn snapshot_rows(taps: &[Tensor], start: usize, rows: usize, hidden: usize) -> Result<SnapshotRows> {
+fn snapshot_rows(
+    taps: &[Tensor],
+    start: usize,
+    rows: usize,
+    hidden: usize,
+) -> Result<SnapshotRows> {
     let taps: Vec<Vec<f32>> = taps
         .iter()
         .map(|t| t.narrow(0, 0, rows)?.flatten_all()?.to_vec1::<f32>())
@@ -122,10 +127,14 @@ fn check_block(
     for (i, (t, q)) in block.tokens.iter().zip(&block.dists).enumerate() {
         let total: f32 = q.probs.iter().sum();
         if q.ids.len() != q.probs.len() || (total - 1.0).abs() > DIST_TOLERANCE {
-            return bad(format!("distribution {i} is not normalised (total {total})"));
+            return bad(format!(
+                "distribution {i} is not normalised (total {total})"
+            ));
         }
         if q.prob(*t) <= 0.0 {
-            return bad(format!("token {i} has probability 0 under its distribution"));
+            return bad(format!(
+                "token {i} has probability 0 under its distribution"
+            ));
         }
     }
     Ok(())

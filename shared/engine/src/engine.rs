@@ -12,8 +12,8 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 use tandem_core::{
-    accept_greedy, accept_sampled, argmax, distribution, Chunk, DraftBlock, FinishReason,
-    Output, Proposer, Sampler, Verdict,
+    accept_greedy, accept_sampled, argmax, distribution, Chunk, DraftBlock, FinishReason, Output,
+    Proposer, Sampler, Verdict,
 };
 use tandem_gemma::{ForwardOptions, ForwardOutput, Gemma3, KvCache, LogitsMode};
 use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
@@ -244,7 +244,12 @@ impl<'e> Generation<'e> {
             .iter()
             .map(|r| distribution(r, &self.req.sampling))
             .collect();
-        Ok(accept_sampled(&draft.tokens, &draft.dists, &p, &mut self.sampler))
+        Ok(accept_sampled(
+            &draft.tokens,
+            &draft.dists,
+            &p,
+            &mut self.sampler,
+        ))
     }
 
     /// Sends the proposer the snapshot rows of `rows` newly committed positions from `pos`.

@@ -14,12 +14,23 @@ fn check(spoil: Spoil) {
         let reference = reference(prompt, NEW_TOKENS);
         let plain = &reference[reference.len() - NEW_TOKENS..];
         for gamma in [1, 4, 8] {
-            let oracle = Oracle { reference: reference.clone(), spoil, spec: spec_270m(), max_gamma: 8 };
+            let oracle = Oracle {
+                reference: reference.clone(),
+                spoil,
+                spec: spec_270m(),
+                max_gamma: 8,
+            };
             let (spec, updates) = generate(&request(prompt, NEW_TOKENS, gamma), Some(&oracle));
             assert_eq!(spec.tokens, plain, "{prompt:?} γ={gamma} {spoil:?}");
             assert_eq!(spec.spec.proposer_failures, 0);
-            let rounds: Vec<_> = updates.iter().filter_map(|u| u.round).filter(|r| r.drafted > 0).collect();
-            assert!(rounds.iter().all(|r| r.drafted <= gamma && r.accepted <= r.drafted));
+            let rounds: Vec<_> = updates
+                .iter()
+                .filter_map(|u| u.round)
+                .filter(|r| r.drafted > 0)
+                .collect();
+            assert!(rounds
+                .iter()
+                .all(|r| r.drafted <= gamma && r.accepted <= r.drafted));
             let all = rounds.iter().filter(|r| r.accepted == r.drafted).count();
             let first = rounds.iter().filter(|r| r.accepted == 0).count();
             let partial = rounds.len() - all - first;

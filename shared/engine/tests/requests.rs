@@ -20,7 +20,12 @@ fn oracle_for(req: &GenerationRequest, spoil: Spoil) -> Oracle {
     plain.stop_strings.clear();
     let mut reference = req.prompt.clone();
     reference.extend(generate(&plain, None).0.tokens);
-    Oracle { reference, spoil, spec: spec_270m(), max_gamma: 8 }
+    Oracle {
+        reference,
+        spoil,
+        spec: spec_270m(),
+        max_gamma: 8,
+    }
 }
 
 #[test]
@@ -28,7 +33,13 @@ fn a_stop_string_inside_an_accepted_block_cuts_exactly_there() {
     let mut req = request("1, 2, 3, 4,", 40, 8);
     req.stop_strings = vec!["8,".into()];
     let oracle = oracle_for(&req, Spoil::Never);
-    let (plain, _) = generate(&GenerationRequest { gamma: 0, ..req.clone() }, None);
+    let (plain, _) = generate(
+        &GenerationRequest {
+            gamma: 0,
+            ..req.clone()
+        },
+        None,
+    );
     let (spec, updates) = generate(&req, Some(&oracle));
     assert_eq!(plain.finish, FinishReason::Stop);
     assert_eq!(plain.text, " 5, 6, 7, ");
@@ -38,23 +49,50 @@ fn a_stop_string_inside_an_accepted_block_cuts_exactly_there() {
     let streamed: String = updates.iter().map(|u| u.chunk.text.as_str()).collect();
     assert_eq!(streamed, spec.text);
     let round = updates.iter().find_map(|u| u.round).expect("a round");
-    assert_eq!(round.accepted, round.drafted, "the stop fell inside a fully accepted block");
+    assert_eq!(
+        round.accepted, round.drafted,
+        "the stop fell inside a fully accepted block"
+    );
 }
 
 #[test]
 fn seeded_sampling_reproduces_in_both_paths() {
-    let sampling = SamplingParams { temperature: 0.8, top_k: Some(40), top_p: 0.95, seed: 11 };
+    let sampling = SamplingParams {
+        temperature: 0.8,
+        top_k: Some(40),
+        top_p: 0.95,
+        seed: 11,
+    };
     let mut req = request("Once upon a time", 24, 4);
     req.sampling = sampling;
-    let oracle = oracle_for(&GenerationRequest { sampling: SamplingParams::default(), ..req.clone() }, Spoil::Never);
+    let oracle = oracle_for(
+        &GenerationRequest {
+            sampling: SamplingParams::default(),
+            ..req.clone()
+        },
+        Spoil::Never,
+    );
     for gamma in [0, 4] {
-        let req = GenerationRequest { gamma, ..req.clone() };
+        let req = GenerationRequest {
+            gamma,
+            ..req.clone()
+        };
         let a = generate(&req, Some(&oracle)).0;
         let b = generate(&req, Some(&oracle)).0;
         assert_eq!(a.tokens, b.tokens, "γ={gamma}");
         assert_eq!(a.tokens.len(), 24);
-        let other = GenerationRequest { sampling: SamplingParams { seed: 12, ..sampling }, ..req.clone() };
-        assert_ne!(generate(&other, Some(&oracle)).0.tokens, a.tokens, "γ={gamma}");
+        let other = GenerationRequest {
+            sampling: SamplingParams {
+                seed: 12,
+                ..sampling
+            },
+            ..req.clone()
+        };
+        assert_ne!(
+            generate(&other, Some(&oracle)).0.tokens,
+            a.tokens,
+            "γ={gamma}"
+        );
     }
 }
 
@@ -65,7 +103,11 @@ fn a_cancelled_generation_stops_at_once() {
     let out = engine()
         .generate(&req, None, &mut |_: &Update| {
             seen += 1;
-            if seen == 3 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+            if seen == 3 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
         })
         .expect("generate");
     assert_eq!(out.finish, FinishReason::Cancelled);
@@ -77,15 +119,21 @@ struct Flaky(Oracle);
 struct FlakySession(Box<dyn ProposerSession>, usize);
 
 impl Proposer for Flaky {
-    fn snapshot_spec(&self) -> SnapshotSpec { self.0.snapshot_spec() }
-    fn max_gamma(&self) -> usize { 8 }
+    fn snapshot_spec(&self) -> SnapshotSpec {
+        self.0.snapshot_spec()
+    }
+    fn max_gamma(&self) -> usize {
+        8
+    }
     fn open(&self, s: &SamplingParams) -> Result<Box<dyn ProposerSession>, ProposeError> {
         Ok(Box::new(FlakySession(self.0.open(s)?, 0)))
     }
 }
 
 impl ProposerSession for FlakySession {
-    fn extend(&mut self, rows: &SnapshotRows) -> Result<(), ProposeError> { self.0.extend(rows) }
+    fn extend(&mut self, rows: &SnapshotRows) -> Result<(), ProposeError> {
+        self.0.extend(rows)
+    }
     fn propose(&mut self, req: &ProposeRequest) -> Result<DraftBlock, ProposeError> {
         self.1 += 1;
         if self.1 > 2 {
@@ -99,7 +147,13 @@ impl ProposerSession for FlakySession {
 fn a_failing_proposer_degrades_to_plain_decoding() {
     let req = request("The three primary colors are", 32, 4);
     let flaky = Flaky(oracle_for(&req, Spoil::Never));
-    let (plain, _) = generate(&GenerationRequest { gamma: 0, ..req.clone() }, None);
+    let (plain, _) = generate(
+        &GenerationRequest {
+            gamma: 0,
+            ..req.clone()
+        },
+        None,
+    );
     let (spec, _) = generate(&req, Some(&flaky));
     assert_eq!(spec.tokens, plain.tokens);
     assert_eq!(spec.spec.proposer_failures, 1);
@@ -110,14 +164,38 @@ fn a_failing_proposer_degrades_to_plain_decoding() {
 fn invalid_requests_are_refused_with_a_reason() {
     let ok = request("Hello", 4, 0);
     let cases = [
-        GenerationRequest { prompt: vec![], ..ok.clone() },
-        GenerationRequest { max_tokens: 0, ..ok.clone() },
-        GenerationRequest { prompt: vec![2, 9_999_999], ..ok.clone() },
-        GenerationRequest { sampling: SamplingParams { temperature: -1.0, ..Default::default() }, ..ok.clone() },
-        GenerationRequest { sampling: SamplingParams { top_p: 0.0, temperature: 1.0, ..Default::default() }, ..ok.clone() },
+        GenerationRequest {
+            prompt: vec![],
+            ..ok.clone()
+        },
+        GenerationRequest {
+            max_tokens: 0,
+            ..ok.clone()
+        },
+        GenerationRequest {
+            prompt: vec![2, 9_999_999],
+            ..ok.clone()
+        },
+        GenerationRequest {
+            sampling: SamplingParams {
+                temperature: -1.0,
+                ..Default::default()
+            },
+            ..ok.clone()
+        },
+        GenerationRequest {
+            sampling: SamplingParams {
+                top_p: 0.0,
+                temperature: 1.0,
+                ..Default::default()
+            },
+            ..ok.clone()
+        },
     ];
     for bad in cases {
-        let err = engine().generate(&bad, None, &mut |_: &Update| ControlFlow::Continue(())).unwrap_err();
+        let err = engine()
+            .generate(&bad, None, &mut |_: &Update| ControlFlow::Continue(()))
+            .expect_err("refused");
         assert!(matches!(err, EngineError::InvalidRequest(_)), "{err}");
         assert_eq!(err.error_type(), "invalid_request");
         assert!(!err.to_string().contains('\n'));

@@ -2,8 +2,8 @@
 //! scripts/fetch-models.sh; tests never download), prompts, and test proposers.
 #![allow(dead_code, missing_docs)]
 
-use std::path::PathBuf;
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tandem_core::{
@@ -24,7 +24,11 @@ pub fn models_dir() -> PathBuf {
 
 fn existing(rel: &str) -> PathBuf {
     let p = models_dir().join(rel);
-    assert!(p.is_file(), "{} missing: run scripts/fetch-models.sh first", p.display());
+    assert!(
+        p.is_file(),
+        "{} missing: run scripts/fetch-models.sh first",
+        p.display()
+    );
     p
 }
 
@@ -32,7 +36,8 @@ fn existing(rel: &str) -> PathBuf {
 pub fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE.get_or_init(|| {
-        let model = Gemma3::load(&existing("gemma-3-270m/gemma-3-270m-q4_k_m.gguf")).expect("model");
+        let model =
+            Gemma3::load(&existing("gemma-3-270m/gemma-3-270m-q4_k_m.gguf")).expect("model");
         let tok = GemmaTokenizer::from_file(&existing("gemma-3-tokenizer/tokenizer.json"))
             .expect("tokenizer");
         Engine::new(Arc::new(model), Arc::new(tok))
@@ -74,7 +79,10 @@ pub fn request(prompt: &str, max_tokens: usize, gamma: usize) -> GenerationReque
 }
 
 /// Runs a generation and collects every update.
-pub fn generate(req: &GenerationRequest, proposer: Option<&dyn Proposer>) -> (Outcome, Vec<Update>) {
+pub fn generate(
+    req: &GenerationRequest,
+    proposer: Option<&dyn Proposer>,
+) -> (Outcome, Vec<Update>) {
     let mut updates = Vec::new();
     let out = engine()
         .generate(req, proposer, &mut |u: &Update| {
@@ -88,7 +96,8 @@ pub fn generate(req: &GenerationRequest, proposer: Option<&dyn Proposer>) -> (Ou
 /// Prompt ++ plain greedy continuation of `new_tokens` (EOS ignored), computed once per
 /// test binary.
 pub fn reference(prompt: &str, new_tokens: usize) -> Vec<u32> {
-    static CACHE: OnceLock<Mutex<HashMap<(String, usize), Vec<u32>>>> = OnceLock::new();
+    type Refs = Mutex<HashMap<(String, usize), Vec<u32>>>;
+    static CACHE: OnceLock<Refs> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     let key = (prompt.to_string(), new_tokens);
     if let Some(r) = cache.lock().expect("lock").get(&key) {
@@ -153,7 +162,10 @@ impl Proposer for Oracle {
 
 impl ProposerSession for OracleSession {
     fn extend(&mut self, rows: &SnapshotRows) -> Result<(), ProposeError> {
-        assert_eq!(rows.start, self.received, "rows arrive in order, exactly once");
+        assert_eq!(
+            rows.start, self.received,
+            "rows arrive in order, exactly once"
+        );
         assert_eq!(rows.width, self.width);
         assert!(rows.data.iter().all(|x| x.is_finite()));
         self.received += rows.rows();
@@ -161,9 +173,16 @@ impl ProposerSession for OracleSession {
     }
 
     fn propose(&mut self, req: &ProposeRequest) -> Result<DraftBlock, ProposeError> {
-        assert_eq!(req.position, self.received, "the anchor sits after the committed rows");
+        assert_eq!(
+            req.position, self.received,
+            "the anchor sits after the committed rows"
+        );
         if self.greedy {
-            assert_eq!(self.reference.get(req.position), Some(&req.anchor), "anchor is the target's");
+            assert_eq!(
+                self.reference.get(req.position),
+                Some(&req.anchor),
+                "anchor is the target's"
+            );
         }
         let mut tokens: Vec<u32> = (1..=req.gamma)
             .map(|i| self.reference.get(req.position + i).copied().unwrap_or(0))
@@ -176,13 +195,23 @@ impl ProposerSession for OracleSession {
         self.round += 1;
         let dists = tokens
             .iter()
-            .map(|t| SparseDist { ids: vec![*t], probs: vec![1.0] })
+            .map(|t| SparseDist {
+                ids: vec![*t],
+                probs: vec![1.0],
+            })
             .collect();
-        Ok(DraftBlock { confidences: vec![1.0; tokens.len()], tokens, dists })
+        Ok(DraftBlock {
+            confidences: vec![1.0; tokens.len()],
+            tokens,
+            dists,
+        })
     }
 }
 
 /// The snapshot a DSpark drafter for the 270M would ask for.
 pub fn spec_270m() -> SnapshotSpec {
-    SnapshotSpec { taps: vec![5, 11, 17, 18], hidden: 640 }
+    SnapshotSpec {
+        taps: vec![5, 11, 17, 18],
+        hidden: 640,
+    }
 }
