@@ -1,7 +1,8 @@
-//! The tandem.v1 wire contract, generated from proto/tandem/v1 at build time.
-#![allow(missing_docs, clippy::all)]
+//! The tandem.v1 wire contract, generated from proto/tandem/v1 at build time, and the codec
+//! between wire messages and tandem's core types.
 
 /// Package `tandem.v1`.
+#[allow(missing_docs, clippy::all)]
 pub mod v1 {
     tonic::include_proto!("tandem.v1");
 
@@ -9,3 +10,5 @@ pub mod v1 {
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         tonic::include_file_descriptor_set!("tandem_v1_descriptor");
 }
+
+pub mod codec;

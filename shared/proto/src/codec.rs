@@ -1,0 +1,259 @@
+//! Conversions between the wire types and tandem's core types, including the snapshot
+//! codec: context rows travel as little-endian bf16 (default), f16 or f32 bytes with an
+//! explicit `[rows, width]` shape, and every decoded message is checked (dtype, shape, byte
+//! length, finite values) before it reaches a model.
+
+use half::{bf16, f16};
+use tandem_core::{DraftBlock, FinishReason, SamplingParams, SnapshotRows, SparseDist};
+
+use crate::v1 as pb;
+
+/// A wire message that cannot be turned into a core value. The message is one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DecodeError(pub String);
+
+fn bad<T>(msg: impl Into<String>) -> Result<T, DecodeError> {
+    Err(DecodeError(msg.into()))
+}
+
+/// Sampling parameters with defaults for unset fields (greedy, no top-k, top-p 1, seed 0).
+/// Ranges are checked by [`SamplingParams::validate`], not here.
+pub fn sampling_from_pb(p: Option<&pb::SamplingParams>) -> SamplingParams {
+    let d = SamplingParams::default();
+    match p {
+        None => d,
+        Some(p) => SamplingParams {
+            temperature: p.temperature.unwrap_or(d.temperature),
+            top_k: p.top_k.map(|k| k as usize),
+            top_p: p.top_p.unwrap_or(d.top_p),
+            seed: p.seed.unwrap_or(d.seed),
+        },
+    }
+}
+
+/// The wire form of sampling parameters (every field set).
+pub fn sampling_to_pb(s: &SamplingParams) -> pb::SamplingParams {
+    pb::SamplingParams {
+        temperature: Some(s.temperature),
+        top_k: s.top_k.map(|k| k.min(u32::MAX as usize) as u32),
+        top_p: Some(s.top_p),
+        seed: Some(s.seed),
+    }
+}
+
+impl From<&SparseDist> for pb::SparseDist {
+    fn from(d: &SparseDist) -> Self {
+        Self {
+            ids: d.ids.clone(),
+            probs: d.probs.clone(),
+        }
+    }
+}
+
+impl From<pb::SparseDist> for SparseDist {
+    fn from(d: pb::SparseDist) -> Self {
+        Self {
+            ids: d.ids,
+            probs: d.probs,
+        }
+    }
+}
+
+/// A drafted block on the wire, with the drafter's compute time.
+pub fn block_to_pb(b: &DraftBlock, compute_seconds: f64) -> pb::Block {
+    pb::Block {
+        tokens: b.tokens.clone(),
+        confidences: b.confidences.clone(),
+        dists: b.dists.iter().map(pb::SparseDist::from).collect(),
+        compute_seconds,
+    }
+}
+
+impl From<pb::Block> for DraftBlock {
+    fn from(b: pb::Block) -> Self {
+        Self {
+            tokens: b.tokens,
+            confidences: b.confidences,
+            dists: b.dists.into_iter().map(SparseDist::from).collect(),
+        }
+    }
+}
+
+impl From<FinishReason> for pb::FinishReason {
+    fn from(r: FinishReason) -> Self {
+        match r {
+            FinishReason::Length => Self::Length,
+            FinishReason::Eos => Self::Eos,
+            FinishReason::Stop => Self::Stop,
+            FinishReason::Cancelled => Self::Cancelled,
+            FinishReason::Error => Self::Error,
+        }
+    }
+}
+
+/// Encodes snapshot rows for the wire.
+pub fn rows_to_pb(rows: &SnapshotRows, dtype: pb::Dtype) -> pb::ContextRows {
+    let data: Vec<u8> = match dtype {
+        pb::Dtype::F32 => rows.data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        pb::Dtype::F16 => rows
+            .data
+            .iter()
+            .flat_map(|x| f16::from_f32(*x).to_le_bytes())
+            .collect(),
+        pb::Dtype::Bf16 | pb::Dtype::Unspecified => rows
+            .data
+            .iter()
+            .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
+            .collect(),
+    };
+    let dtype = match dtype {
+        pb::Dtype::Unspecified => pb::Dtype::Bf16,
+        d => d,
+    };
+    pb::ContextRows {
+        start: rows.start as u64,
+        dtype: dtype as i32,
+        shape: vec![rows.rows() as u32, rows.width as u32],
+        data: data.into(),
+    }
+}
+
+/// Decodes and checks snapshot rows: the shape must be `[rows, expected_width]`, the bytes
+/// exactly `rows × width × dtype size`, every value finite.
+pub fn rows_from_pb(
+    msg: &pb::ContextRows,
+    expected_width: usize,
+) -> Result<SnapshotRows, DecodeError> {
+    let dtype = pb::Dtype::try_from(msg.dtype)
+        .map_err(|_| DecodeError(format!("unknown dtype {}", msg.dtype)))?;
+    let size = match dtype {
+        pb::Dtype::Bf16 | pb::Dtype::F16 => 2,
+        pb::Dtype::F32 => 4,
+        pb::Dtype::Unspecified => return bad("context rows need a dtype"),
+    };
+    let [rows, width] = msg.shape[..] else {
+        return bad(format!(
+            "context rows need a [rows, width] shape, got {:?}",
+            msg.shape
+        ));
+    };
+    let (rows, width) = (rows as usize, width as usize);
+    if width != expected_width {
+        return bad(format!(
+            "context rows are {width} wide, this drafter needs {expected_width}"
+        ));
+    }
+    let expected = rows * width * size;
+    if msg.data.len() != expected {
+        return bad(format!(
+            "context rows of shape [{rows}, {width}] in {} need {expected} bytes, got {}",
+            dtype.as_str_name(),
+            msg.data.len()
+        ));
+    }
+    let data: Vec<f32> = match dtype {
+        pb::Dtype::F32 => msg
+            .data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        pb::Dtype::F16 => msg
+            .data
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        _ => msg
+            .data
+            .chunks_exact(2)
+            .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+    };
+    if data.iter().any(|x| !x.is_finite()) {
+        return bad("context rows contain a non-finite value");
+    }
+    Ok(SnapshotRows {
+        start: msg.start as usize,
+        width,
+        data,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows() -> SnapshotRows {
+        SnapshotRows {
+            start: 3,
+            width: 4,
+            data: vec![1.0, -2.5, 0.125, 3.0, 1e-3, 7.0, -0.0, 65504.0],
+        }
+    }
+
+    #[test]
+    fn rows_round_trip_in_every_dtype() {
+        for dtype in [pb::Dtype::F32, pb::Dtype::F16, pb::Dtype::Bf16] {
+            let msg = rows_to_pb(&rows(), dtype);
+            assert_eq!(msg.shape, vec![2, 4]);
+            let back = rows_from_pb(&msg, 4).expect("decodes");
+            assert_eq!(back.start, 3);
+            for (a, b) in back.data.iter().zip(&rows().data) {
+                assert!((a - b).abs() <= b.abs() * 4e-3 + 1e-6, "{dtype:?} {a} {b}");
+            }
+        }
+        assert_eq!(
+            rows_from_pb(&rows_to_pb(&rows(), pb::Dtype::F32), 4).expect("ok"),
+            rows()
+        );
+    }
+
+    #[test]
+    fn malformed_rows_are_refused() {
+        let good = rows_to_pb(&rows(), pb::Dtype::Bf16);
+        let mut short = good.clone();
+        short.data.truncate(5);
+        let mut shape = good.clone();
+        shape.shape = vec![8];
+        let mut dtype = good.clone();
+        dtype.dtype = 0;
+        let mut unknown = good.clone();
+        unknown.dtype = 42;
+        let mut nan = rows();
+        nan.data[0] = f32::NAN;
+        for (m, w, needle) in [
+            (short, 4, "need 16 bytes"),
+            (shape, 4, "shape"),
+            (dtype, 4, "dtype"),
+            (unknown, 4, "dtype"),
+            (good, 5, "wide"),
+            (rows_to_pb(&nan, pb::Dtype::F32), 4, "non-finite"),
+        ] {
+            let e = rows_from_pb(&m, w).expect_err("refused");
+            assert!(e.0.contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn sampling_defaults_fill_unset_fields() {
+        let s = sampling_from_pb(Some(&pb::SamplingParams {
+            temperature: Some(0.7),
+            ..Default::default()
+        }));
+        assert_eq!(
+            s,
+            SamplingParams {
+                temperature: 0.7,
+                ..Default::default()
+            }
+        );
+        let full = SamplingParams {
+            temperature: 0.5,
+            top_k: Some(3),
+            top_p: 0.9,
+            seed: 4,
+        };
+        assert_eq!(sampling_from_pb(Some(&sampling_to_pb(&full))), full);
+        assert_eq!(sampling_from_pb(None), SamplingParams::default());
+    }
+}
