@@ -8,7 +8,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use axum::routing::get;
-use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, SharedString};
+pub use metrics::{Counter, Gauge, Histogram};
+use metrics::{Key, Label, Metadata, Recorder, SharedString};
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };

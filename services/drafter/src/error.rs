@@ -1,0 +1,66 @@
+//! The drafter service's one error type and its one mapping to a gRPC status.
+
+use tandem_core::ProposeError;
+use tandem_proto::codec::DecodeError;
+use tonic::Status;
+
+/// Why a drafting session failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DrafterError {
+    /// A message other than Open started the stream.
+    #[error("unknown session: a Draft stream must start with Open")]
+    UnknownSession,
+    /// The verifier serves another target than this drafter was made for.
+    #[error("target mismatch: this drafter was made for {ours}, the verifier serves {theirs}")]
+    TargetMismatch {
+        /// This drafter's target.
+        ours: String,
+        /// The verifier's.
+        theirs: String,
+    },
+    /// Every session slot is taken.
+    #[error("drafter busy: {0} sessions open")]
+    Busy(usize),
+    /// A malformed message (wrong order, empty, bad rows).
+    #[error("invalid message: {0}")]
+    Invalid(String),
+    /// The proposer refused or failed a call.
+    #[error(transparent)]
+    Propose(#[from] ProposeError),
+}
+
+impl From<DecodeError> for DrafterError {
+    fn from(e: DecodeError) -> Self {
+        Self::Invalid(e.0)
+    }
+}
+
+impl DrafterError {
+    /// A short, bounded name for metric labels.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Self::UnknownSession => "unknown_session",
+            Self::TargetMismatch { .. } => "target_mismatch",
+            Self::Busy(_) => "busy",
+            Self::Invalid(_) => "invalid",
+            Self::Propose(ProposeError::Invalid(_)) => "propose_invalid",
+            Self::Propose(ProposeError::Unavailable(_)) => "propose_unavailable",
+        }
+    }
+}
+
+impl From<DrafterError> for Status {
+    fn from(e: DrafterError) -> Self {
+        let msg = e.to_string();
+        match e {
+            DrafterError::UnknownSession | DrafterError::TargetMismatch { .. } => {
+                Status::failed_precondition(msg)
+            }
+            DrafterError::Busy(_) => Status::resource_exhausted(msg),
+            DrafterError::Invalid(_) | DrafterError::Propose(ProposeError::Invalid(_)) => {
+                Status::invalid_argument(msg)
+            }
+            DrafterError::Propose(ProposeError::Unavailable(_)) => Status::unavailable(msg),
+        }
+    }
+}

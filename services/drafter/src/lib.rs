@@ -1,0 +1,13 @@
+//! The tandem drafter service: drafting sessions over gRPC (`tandem.v1.Drafter`) for any
+//! [`tandem_core::Proposer`], with health, reflection and Prometheus metrics. The model
+//! behind it (DSpark, an assistant drafter) is chosen by whoever builds the service.
+
+mod error;
+mod metrics;
+mod server;
+mod service;
+
+pub use error::DrafterError;
+pub use metrics::DrafterMetrics;
+pub use server::{serve, warm_up, ServeError};
+pub use service::{DrafterConfig, DrafterService};

@@ -1,0 +1,234 @@
+//! The `tandem.v1.Drafter` gRPC service: one bidirectional stream per generation. A session
+//! runs on its own blocking thread (drafting is CPU work) and talks to the stream through
+//! bounded channels; when the stream ends, for any reason, the session and everything the
+//! proposer holds for it are dropped.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tandem_core::{ProposeRequest, Proposer, ProposerSession};
+use tandem_proto::codec::{block_to_pb, rows_from_pb, sampling_from_pb};
+use tandem_proto::v1 as pb;
+use pb::draft_request::Msg;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::error::DrafterError;
+use crate::metrics::DrafterMetrics;
+
+/// Responses buffered per session before the drafter waits for the verifier to read.
+const RESPONSE_BUFFER: usize = 4;
+
+/// What a drafter serves.
+pub struct DrafterConfig {
+    /// The target this drafter's model was made for.
+    pub target: pb::TargetIdentity,
+    /// Drafter kind for Info (e.g. "dspark").
+    pub kind: String,
+    /// Most sessions open at once.
+    pub max_sessions: usize,
+}
+
+struct Shared {
+    proposer: Arc<dyn Proposer>,
+    cfg: DrafterConfig,
+    metrics: DrafterMetrics,
+    active: AtomicUsize,
+    next_id: AtomicU64,
+}
+
+/// The gRPC service over a proposer.
+#[derive(Clone)]
+pub struct DrafterService {
+    shared: Arc<Shared>,
+}
+
+impl DrafterService {
+    /// A service drafting with `proposer`.
+    pub fn new(proposer: Arc<dyn Proposer>, cfg: DrafterConfig, metrics: DrafterMetrics) -> Self {
+        let shared = Shared {
+            proposer,
+            cfg,
+            metrics,
+            active: AtomicUsize::new(0),
+            next_id: AtomicU64::new(1),
+        };
+        Self {
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// The proposer, for warm-up.
+    pub fn proposer(&self) -> &Arc<dyn Proposer> {
+        &self.shared.proposer
+    }
+}
+
+#[tonic::async_trait]
+impl pb::drafter_server::Drafter for DrafterService {
+    type DraftStream = ReceiverStream<Result<pb::DraftResponse, Status>>;
+
+    async fn draft(
+        &self,
+        request: Request<Streaming<pb::DraftRequest>>,
+    ) -> Result<Response<Self::DraftStream>, Status> {
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(RESPONSE_BUFFER);
+        let shared = Arc::clone(&self.shared);
+        let handle = Handle::current();
+        tokio::task::spawn_blocking(move || {
+            let mut link = Link { inbound, tx, handle };
+            if let Err(e) = run_session(&shared, &mut link) {
+                shared.metrics.error(e.error_type());
+                tracing::debug!("drafting session ended: {e}");
+                let _ = link.tx.blocking_send(Err(Status::from(e)));
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::DrafterInfo>, Status> {
+        let spec = self.shared.proposer.snapshot_spec();
+        Ok(Response::new(pb::DrafterInfo {
+            target: Some(self.shared.cfg.target.clone()),
+            taps: spec.taps.iter().map(|t| *t as u32).collect(),
+            hidden_size: spec.hidden as u32,
+            max_gamma: self.shared.proposer.max_gamma() as u32,
+            kind: self.shared.cfg.kind.clone(),
+        }))
+    }
+}
+
+/// The session's two channels and the runtime that drives the inbound one.
+struct Link {
+    inbound: Streaming<pb::DraftRequest>,
+    tx: mpsc::Sender<Result<pb::DraftResponse, Status>>,
+    handle: Handle,
+}
+
+impl Link {
+    /// The next message; `None` when the verifier closed or dropped the stream.
+    fn next(&mut self) -> Option<Msg> {
+        match self.handle.block_on(self.inbound.message()) {
+            Ok(Some(m)) => Some(m.msg.unwrap_or(Msg::Close(pb::Close {}))),
+            Ok(None) | Err(_) => None,
+        }
+    }
+
+    /// Sends a response; false when the verifier is gone.
+    fn send(&self, msg: pb::draft_response::Msg) -> bool {
+        let resp = pb::DraftResponse { msg: Some(msg) };
+        self.tx.blocking_send(Ok(resp)).is_ok()
+    }
+}
+
+/// Counts a session as open for as long as it lives.
+struct Active<'a>(&'a Shared);
+
+impl<'a> Active<'a> {
+    fn enter(shared: &'a Shared) -> Result<Self, DrafterError> {
+        let open = shared.active.fetch_add(1, Ordering::SeqCst);
+        let guard = Active(shared);
+        if open >= shared.cfg.max_sessions {
+            return Err(DrafterError::Busy(open));
+        }
+        shared.metrics.active_sessions.increment(1.0);
+        shared.metrics.sessions.increment(1);
+        Ok(guard)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        let before = self.0.active.fetch_sub(1, Ordering::SeqCst);
+        if before <= self.0.cfg.max_sessions {
+            self.0.metrics.active_sessions.decrement(1.0);
+        }
+    }
+}
+
+fn run_session(shared: &Shared, link: &mut Link) -> Result<(), DrafterError> {
+    let open = match link.next() {
+        None | Some(Msg::Close(_)) => return Ok(()),
+        Some(Msg::Open(open)) => open,
+        Some(_) => return Err(DrafterError::UnknownSession),
+    };
+    let ours = &shared.cfg.target;
+    if open.target.as_ref() != Some(ours) {
+        return Err(DrafterError::TargetMismatch {
+            ours: describe(Some(ours)),
+            theirs: describe(open.target.as_ref()),
+        });
+    }
+    let sampling = sampling_from_pb(open.sampling.as_ref());
+    sampling
+        .validate()
+        .map_err(|e| DrafterError::Invalid(e.to_string()))?;
+    let _active = Active::enter(shared)?;
+    let mut session = shared.proposer.open(&sampling)?;
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let opened = pb::Opened {
+        session_id: format!("s{id}"),
+    };
+    if !link.send(pb::draft_response::Msg::Opened(opened)) {
+        return Ok(());
+    }
+    let width = shared.proposer.snapshot_spec().row_width();
+    while let Some(msg) = link.next() {
+        match msg {
+            Msg::Rows(rows) => {
+                shared.metrics.snapshot_bytes.increment(rows.data.len() as u64);
+                session.extend(&rows_from_pb(&rows, width)?)?;
+            }
+            Msg::Propose(p) => {
+                let block = propose(shared, session.as_mut(), &p)?;
+                if !link.send(pb::draft_response::Msg::Block(block)) {
+                    return Ok(());
+                }
+            }
+            Msg::Close(_) => return Ok(()),
+            Msg::Open(_) => return Err(DrafterError::Invalid("the session is already open".into())),
+        }
+    }
+    Ok(())
+}
+
+fn propose(
+    shared: &Shared,
+    session: &mut dyn ProposerSession,
+    p: &pb::Propose,
+) -> Result<pb::Block, DrafterError> {
+    let req = ProposeRequest {
+        anchor: p.anchor,
+        position: p.position as usize,
+        gamma: p.gamma as usize,
+    };
+    if req.gamma == 0 || req.gamma > shared.proposer.max_gamma() {
+        return Err(DrafterError::Invalid(format!(
+            "γ must be in 1..={}, got {}",
+            shared.proposer.max_gamma(),
+            req.gamma
+        )));
+    }
+    let t0 = Instant::now();
+    let block = session.propose(&req)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let m = &shared.metrics;
+    m.blocks.increment(1);
+    m.draft_tokens.increment(block.tokens.len() as u64);
+    m.draft_seconds.record(secs);
+    Ok(block_to_pb(&block, secs))
+}
+
+fn describe(t: Option<&pb::TargetIdentity>) -> String {
+    t.map_or_else(
+        || "no target".to_string(),
+        |t| {
+            let hash = t.embedding_hash.get(..16).unwrap_or(&t.embedding_hash);
+            format!("{} (embedding {hash}…)", t.architecture)
+        },
+    )
+}
