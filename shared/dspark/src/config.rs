@@ -76,7 +76,7 @@ impl DsparkConfig {
         if self.gamma < 2 {
             return err(format!("gamma must be at least 2, got {}", self.gamma));
         }
-        if self.d_draft % self.n_heads != 0 {
+        if !self.d_draft.is_multiple_of(self.n_heads) {
             return err(format!(
                 "d_draft {} is not divisible by n_heads {}",
                 self.d_draft, self.n_heads

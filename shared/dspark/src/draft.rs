@@ -78,7 +78,7 @@ impl Dspark {
     /// Appends snapshot rows (row-major, [`Dspark::row_width`] floats each) of the next
     /// committed positions: projects them once into every layer's keys and values.
     pub fn extend(&self, cache: &mut ContextCache, rows: &[f32]) -> Result<()> {
-        if cache.width != self.row_width() || rows.len() % cache.width != 0 {
+        if cache.width != self.row_width() || !rows.len().is_multiple_of(cache.width) {
             return Err(DsparkError::Invalid(format!(
                 "{} floats is not a whole number of rows of {}",
                 rows.len(),

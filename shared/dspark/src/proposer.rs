@@ -80,7 +80,7 @@ fn to_propose_error(e: DsparkError) -> ProposeError {
 impl ProposerSession for DsparkSession {
     fn extend(&mut self, rows: &SnapshotRows) -> std::result::Result<(), ProposeError> {
         let width = self.model.row_width();
-        if rows.width != width || rows.data.len() % width != 0 {
+        if rows.width != width || !rows.data.len().is_multiple_of(width) {
             return Err(ProposeError::Invalid(format!(
                 "snapshot rows of width {} ({} floats), expected width {width}",
                 rows.width,
