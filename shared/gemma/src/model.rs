@@ -7,6 +7,7 @@
 //! computed in. The KV cache is passed in by the caller.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 use tandem_kernels::QMatrix;
@@ -15,6 +16,7 @@ use crate::attention::{attend, AttnSpec};
 use crate::config::GemmaConfig;
 use crate::error::{GemmaError, Result};
 use crate::gguf_config::config_from_gguf;
+use crate::head::TargetHead;
 use crate::kv_cache::KvCache;
 use crate::loader::{GgufSource, HfSource, TensorSource};
 use crate::names::{LayerTensor, Role};
@@ -92,8 +94,7 @@ struct Layer {
 /// A loaded Gemma 3 text model. Immutable and shareable across threads.
 pub struct Gemma3 {
     cfg: GemmaConfig,
-    embed: QMatrix,
-    lm_head: Option<QMatrix>,
+    head: TargetHead,
     layers: Vec<Layer>,
     final_norm: Vec<f32>,
     rope_local: Rope,
@@ -150,12 +151,12 @@ impl Gemma3 {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let embed = mat(Role::Embed)?;
-        let lm_head = if cfg.tie_word_embeddings {
-            None
-        } else {
-            Some(mat(Role::LmHead)?)
+        let embed = Arc::new(mat(Role::Embed)?);
+        let lm_head = match cfg.tie_word_embeddings {
+            true => None,
+            false => Some(Arc::new(mat(Role::LmHead)?)),
         };
+        let head = TargetHead::new(cfg.clone(), embed, lm_head)?;
         let final_norm = vec(Role::FinalNorm)?;
         let hd = cfg.head_dim;
         let factor = cfg.rope_scaling.as_ref().map_or(1.0, |s| s.factor);
@@ -163,8 +164,7 @@ impl Gemma3 {
             final_norm,
             rope_local: Rope::new(hd, cfg.rope_local_base_freq, 1.0),
             rope_global: Rope::new(hd, cfg.rope_theta, factor),
-            embed,
-            lm_head,
+            head,
             layers,
             cfg,
             precision: Precision::default(),
@@ -197,17 +197,16 @@ impl Gemma3 {
 
     /// The input embedding of `token`, scaled by `sqrt(hidden)` as the decoder sees it.
     pub fn embed_token(&self, token: u32) -> Result<Vec<f32>> {
-        self.check_tokens(&[token])?;
-        let mut row = vec![0f32; self.cfg.hidden_size];
-        self.embed_into(token, &mut row)?;
-        Ok(row)
+        self.head.embed(token)
     }
 
     fn embed_into(&self, token: u32, row: &mut [f32]) -> Result<()> {
-        self.embed.dequantize_row(token as usize, row)?;
-        let scale = (self.cfg.hidden_size as f32).sqrt();
-        row.iter_mut().for_each(|x| *x *= scale);
-        Ok(())
+        self.head.embed_into(token, row)
+    }
+
+    /// The model's input embedding and output head, sharing its weights.
+    pub fn head(&self) -> TargetHead {
+        self.head.clone()
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
@@ -290,8 +289,7 @@ impl Gemma3 {
     }
 
     fn logits(&self, normed: &[f32], rows: usize) -> Result<Tensor> {
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let mut out = self.linear(head, normed, rows)?;
+        let mut out = self.linear(self.head.head(), normed, rows)?;
         if let Some(cap) = self.cfg.final_logit_softcapping {
             softcap(&mut out, cap as f32);
         }

@@ -219,6 +219,20 @@ impl QMatrix {
         }
     }
 
+    /// A new matrix made of rows `rows` of this one, in that order (repeats allowed): each
+    /// row is an independent run of bytes, so the selection is exact and its products are
+    /// bit-identical to the corresponding outputs of the whole matrix.
+    pub fn select_rows(&self, rows: &[usize]) -> Result<QMatrix, KernelError> {
+        let mut bytes = Vec::with_capacity(rows.len().saturating_mul(self.row_bytes));
+        for &row in rows {
+            if row >= self.n {
+                return Err(KernelError::RowOutOfRange { row, n: self.n });
+            }
+            bytes.extend_from_slice(&self.bytes[row * self.row_bytes..(row + 1) * self.row_bytes]);
+        }
+        QMatrix::new(self.qtype, rows.len(), self.k, bytes)
+    }
+
     /// Dequantizes row `row` into `out` (`k` values), e.g. for an embedding
     /// lookup.
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) -> Result<(), KernelError> {

@@ -161,3 +161,36 @@ proptest! {
         }
     }
 }
+
+/// `select_rows` copies whole rows: dequantized values and matmul outputs equal those of
+/// the source rows bit for bit, and an out-of-range row is an error.
+#[test]
+fn select_rows_is_exact() {
+    let mut rng = Rng::new(11);
+    for qtype in [QType::F32, QType::Q8_0, QType::Q4_K, QType::Q6_K] {
+        let (n, k) = (13, 256);
+        let w = random_matrix(qtype, n, k, &mut rng);
+        let pick = [7usize, 0, 12, 7];
+        let s = w.select_rows(&pick).expect("select");
+        assert_eq!((s.n(), s.k(), s.qtype()), (pick.len(), k, qtype));
+        let (mut a, mut b) = (vec![0f32; k], vec![0f32; k]);
+        for (i, &r) in pick.iter().enumerate() {
+            w.dequantize_row(r, &mut a).expect("row");
+            s.dequantize_row(i, &mut b).expect("row");
+            assert_eq!(a, b, "{qtype:?} row {r}");
+        }
+        let x: Vec<f32> = (0..2 * k).map(|_| rng.unit()).collect();
+        let (mut full, mut sel) = (vec![0f32; 2 * n], vec![0f32; 2 * pick.len()]);
+        w.matmul(&x, 2, &mut full).expect("matmul");
+        s.matmul(&x, 2, &mut sel).expect("matmul");
+        for m in 0..2 {
+            for (i, &r) in pick.iter().enumerate() {
+                assert_eq!(sel[m * pick.len() + i].to_bits(), full[m * n + r].to_bits());
+            }
+        }
+        assert_eq!(
+            w.select_rows(&[n]).err(),
+            Some(tandem_kernels::KernelError::RowOutOfRange { row: n, n })
+        );
+    }
+}

@@ -1,0 +1,31 @@
+//! DSpark block drafter for tandem (DSpark, arXiv 2607.05147, on the DFlash backbone of
+//! arXiv 2602.06036): a small bidirectional transformer that reads hidden-state taps of
+//! the target's committed context, drafts a block of γ tokens after an anchor in one
+//! parallel pass through the target's own frozen LM head (restricted to a draft
+//! vocabulary), refines them sequentially with a low-rank Markov head, and rates each with
+//! a confidence head.
+//!
+//! * [`Dspark`] holds the parameters (candle `Var`s, trainable in place);
+//!   [`Dspark::forward_train`] is the batched, differentiable training forward.
+//! * [`ContextCache`] keeps a session's projected context so drafting costs attention over
+//!   (context + γ), never a re-projection of the context.
+//! * [`DsparkProposer`] implements [`tandem_core::Proposer`].
+//! * Checkpoints are safetensors plus a manifest bound to the target's identity.
+
+mod backbone;
+mod checkpoint;
+mod config;
+mod draft;
+mod error;
+mod model;
+mod params;
+mod proposer;
+mod train;
+
+pub use checkpoint::{SaveOptions, MANIFEST};
+pub use config::{DraftVocab, DsparkConfig, TargetDims};
+pub use draft::{ContextCache, DraftRequest, ScoredBlock};
+pub use error::{DsparkError, Result};
+pub use model::{DraftHead, Dspark};
+pub use proposer::DsparkProposer;
+pub use train::{TrainBatch, TrainOutput};

@@ -1,0 +1,174 @@
+//! The `Proposer` implementation: reproducible sampled drafting, exact draft
+//! distributions, greedy point masses, and rejection of every malformed call.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use tandem_core::{
+    ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams, SnapshotRows,
+};
+use tandem_dspark::{DsparkConfig, DsparkProposer};
+
+fn proposer(cfg: DsparkConfig) -> DsparkProposer {
+    let head = tiny_head(1);
+    let model = Arc::new(busy_drafter(cfg, &head, 3));
+    DsparkProposer::new(model, &head).expect("proposer")
+}
+
+fn rows(start: usize, n: usize, width: usize, seed: u64) -> SnapshotRows {
+    SnapshotRows {
+        start,
+        width,
+        data: taps(&mut Lcg::new(seed), n, width),
+    }
+}
+
+/// Runs a session: three rounds of extend + propose; returns the blocks.
+fn session(p: &DsparkProposer, params: SamplingParams) -> Vec<tandem_core::DraftBlock> {
+    let w = p.snapshot_spec().row_width();
+    let mut s = p.open(&params).expect("open");
+    let mut blocks = Vec::new();
+    let mut pos = 0;
+    for (round, n) in [5usize, 2, 4].into_iter().enumerate() {
+        s.extend(&rows(pos, n, w, round as u64)).expect("extend");
+        pos += n;
+        let req = ProposeRequest {
+            anchor: 11 + round as u32,
+            position: pos,
+            gamma: 4,
+        };
+        blocks.push(s.propose(&req).expect("propose"));
+    }
+    blocks
+}
+
+fn sampled(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        top_k: Some(40),
+        top_p: 0.95,
+        seed,
+    }
+}
+
+#[test]
+fn sampled_drafting_is_reproducible_and_exact() {
+    let cfg = DsparkConfig {
+        draft_vocab: Some((0..48).map(|i| i + 8).collect()),
+        ..tiny_config()
+    };
+    let p = proposer(cfg);
+    let a = session(&p, sampled(7));
+    assert_eq!(a, session(&p, sampled(7)));
+    assert_ne!(a, session(&p, sampled(8)));
+    for block in &a {
+        assert_eq!(block.tokens.len(), 4);
+        for ((t, dist), c) in block
+            .tokens
+            .iter()
+            .zip(&block.dists)
+            .zip(&block.confidences)
+        {
+            let sum: f32 = dist.probs.iter().sum();
+            assert!((sum - 1.0).abs() < 1e-5, "sum {sum}");
+            assert!(
+                dist.prob(*t) > 0.0,
+                "drawn token {t} not in its distribution"
+            );
+            assert!(
+                dist.ids.iter().all(|i| (8..56).contains(i)),
+                "ids are target ids"
+            );
+            assert!((0.0..=1.0).contains(c));
+        }
+    }
+}
+
+#[test]
+fn greedy_drafting_returns_point_masses() {
+    let p = proposer(tiny_config());
+    let blocks = session(&p, SamplingParams::default());
+    assert_eq!(blocks, session(&p, SamplingParams::default()));
+    for block in blocks {
+        for (t, dist) in block.tokens.iter().zip(&block.dists) {
+            assert_eq!(
+                (dist.ids.as_slice(), dist.probs.as_slice()),
+                ([*t].as_slice(), [1.0f32].as_slice())
+            );
+        }
+    }
+    assert_eq!(p.max_gamma(), 4);
+    assert_eq!(p.snapshot_spec().taps, vec![1, 3, LAYERS]);
+}
+
+#[test]
+fn malformed_calls_are_invalid_and_never_panic() {
+    let p = proposer(tiny_config());
+    let w = p.snapshot_spec().row_width();
+    let invalid = |r: Result<(), ProposeError>, what: &str| match r {
+        Err(ProposeError::Invalid(_)) => {}
+        other => panic!("{what}: {other:?}"),
+    };
+    let bad_params = SamplingParams {
+        temperature: -1.0,
+        ..SamplingParams::default()
+    };
+    assert!(matches!(p.open(&bad_params), Err(ProposeError::Invalid(_))));
+    let mut s = p.open(&SamplingParams::default()).expect("open");
+    invalid(s.extend(&rows(0, 2, w + 1, 0)), "wrong width");
+    let mut ragged = rows(0, 2, w, 0);
+    ragged.data.pop();
+    invalid(s.extend(&ragged), "ragged rows");
+    invalid(s.extend(&rows(1, 2, w, 0)), "rows out of order");
+    s.extend(&rows(0, 3, w, 0)).expect("extend");
+    invalid(s.extend(&rows(2, 1, w, 0)), "rows overlap");
+    let req = ProposeRequest {
+        anchor: 5,
+        position: 3,
+        gamma: 4,
+    };
+    let propose = |s: &mut Box<dyn ProposerSession>, r: ProposeRequest| s.propose(&r).map(|_| ());
+    invalid(
+        propose(&mut s, ProposeRequest { position: 2, ..req }),
+        "position behind",
+    );
+    invalid(
+        propose(&mut s, ProposeRequest { position: 4, ..req }),
+        "position ahead",
+    );
+    invalid(
+        propose(&mut s, ProposeRequest { gamma: 5, ..req }),
+        "gamma above max",
+    );
+    invalid(
+        propose(&mut s, ProposeRequest { gamma: 0, ..req }),
+        "gamma zero",
+    );
+    invalid(
+        propose(
+            &mut s,
+            ProposeRequest {
+                anchor: VOCAB as u32,
+                ..req
+            },
+        ),
+        "anchor",
+    );
+    propose(&mut s, req).expect("a valid call still works");
+    propose(&mut s, ProposeRequest { gamma: 1, ..req }).expect("shorter block");
+}
+
+/// A session with no context yet can still draft (attention over the block alone).
+#[test]
+fn drafting_with_an_empty_context_works() {
+    let p = proposer(tiny_config());
+    let mut s = p.open(&SamplingParams::default()).expect("open");
+    let req = ProposeRequest {
+        anchor: 2,
+        position: 0,
+        gamma: 3,
+    };
+    assert_eq!(s.propose(&req).expect("propose").tokens.len(), 3);
+}

@@ -1,0 +1,63 @@
+//! The drafter on the real Gemma 3 270M head (fetched by scripts/fetch-models.sh): a
+//! random-initialised drafter with a 32k draft vocabulary reads real taps of 20 committed
+//! positions and drafts a block of 8 valid target ids.
+
+mod common;
+
+use std::sync::Arc;
+
+use candle_core::Tensor;
+use common::*;
+use tandem_core::{ProposeRequest, Proposer, SamplingParams, SnapshotRows};
+use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer};
+use tandem_gemma::{ForwardOptions, Gemma3, LogitsMode};
+
+#[test]
+fn random_drafter_proposes_on_real_taps() {
+    let target = Gemma3::load(&real_gguf()).expect("load the real GGUF");
+    let head = target.head();
+    let cfg = DsparkConfig {
+        gamma: 8,
+        d_draft: 256,
+        n_layers: 2,
+        n_heads: 8,
+        markov_rank: 64,
+        ff_mult: 2,
+        tap_layers: vec![5, 11, 17, 18],
+        draft_vocab: Some((0..32_768).collect()),
+    };
+    let model = Arc::new(Dspark::init(cfg, &head, 1).expect("init"));
+    let proposer = DsparkProposer::new(Arc::clone(&model), &head).expect("proposer");
+    let tokens: Vec<u32> = (0..20).map(|i| 2 + i * 97).collect();
+    let mut cache = target.new_cache(32);
+    let opts = ForwardOptions {
+        logits: LogitsMode::None,
+        taps: proposer.snapshot_spec().taps,
+    };
+    let out = target
+        .forward(&tokens, 0, &mut cache, &opts)
+        .expect("forward");
+    let rows = Tensor::cat(&out.taps, 1).expect("concat taps");
+    let spec = proposer.snapshot_spec();
+    assert_eq!(rows.dims(), &[20, spec.row_width()]);
+    let mut s = proposer.open(&SamplingParams::default()).expect("open");
+    s.extend(&SnapshotRows {
+        start: 0,
+        width: spec.row_width(),
+        data: rows.flatten_all().expect("flat").to_vec1().expect("vec"),
+    })
+    .expect("extend");
+    let req = ProposeRequest {
+        anchor: 818,
+        position: 20,
+        gamma: 8,
+    };
+    let block = s.propose(&req).expect("propose");
+    assert_eq!(block.tokens.len(), 8);
+    assert!(
+        block.tokens.iter().all(|t| *t < 32_768),
+        "{:?}",
+        block.tokens
+    );
+    assert_eq!(block.dists.len(), 8);
+}

@@ -1,0 +1,244 @@
+//! The output head and input embedding of a Gemma 3 target, on their own: what a drafter
+//! that reuses the target's frozen LM head needs (DFlash, arXiv 2602.06036, and DSpark,
+//! arXiv 2607.05147, both score draft tokens through the target's head). [`TargetHead`]
+//! loads only the embedding (plus `lm_head` when untied) and the config, or shares the
+//! weights of a loaded [`crate::Gemma3`]; [`RestrictedHead`] scores a subset of the
+//! vocabulary (a draft vocabulary) without touching the other rows.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+use sha2::{Digest, Sha256};
+use tandem_kernels::QMatrix;
+
+use crate::config::GemmaConfig;
+use crate::error::{GemmaError, Result};
+use crate::gguf_config::config_from_gguf;
+use crate::loader::{GgufSource, HfSource, TensorSource};
+use crate::names::Role;
+use crate::ops::softcap;
+
+/// Every `IDENTITY_ROW_STRIDE`-th embedding row enters [`TargetHead::identity`].
+const IDENTITY_ROW_STRIDE: usize = 64;
+
+/// Which target a drafter was made for: architecture plus a hash of its embedding.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TargetIdentity {
+    /// Model family, `"gemma3"`.
+    pub architecture: String,
+    /// Hex SHA-256 over the vocabulary size, the hidden size and the dequantized values
+    /// of every 64th embedding row (so a GGUF and its f32 HF export hash the same).
+    pub embedding_hash: String,
+}
+
+impl std::fmt::Display for TargetIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.architecture, self.embedding_hash)
+    }
+}
+
+/// The input embedding and output head of a Gemma 3 target. Cheap to clone (the weights
+/// are shared).
+#[derive(Debug, Clone)]
+pub struct TargetHead {
+    cfg: GemmaConfig,
+    embed: Arc<QMatrix>,
+    lm_head: Option<Arc<QMatrix>>,
+}
+
+impl TargetHead {
+    /// Reads the config and only the embedding (and `lm_head` when untied) of a `.gguf`
+    /// file or an HF directory.
+    pub fn load(path: &Path) -> Result<Self> {
+        if path.is_dir() {
+            let (src, cfg) = HfSource::open(path)?;
+            Self::read(cfg, &src)
+        } else {
+            let src = GgufSource::open(path)?;
+            let cfg = config_from_gguf(&src)?;
+            Self::read(cfg, &src)
+        }
+    }
+
+    fn read(cfg: GemmaConfig, src: &dyn TensorSource) -> Result<Self> {
+        let mat = |role: Role| {
+            let shape = role.shape(&cfg);
+            src.matrix(role, shape[0], shape[1]).map(Arc::new)
+        };
+        let embed = mat(Role::Embed)?;
+        let lm_head = match cfg.tie_word_embeddings {
+            true => None,
+            false => Some(mat(Role::LmHead)?),
+        };
+        Self::new(cfg, embed, lm_head)
+    }
+
+    /// A head from its parts; `embed` (and `lm_head`) must be `vocab_size × hidden_size`.
+    pub fn new(
+        cfg: GemmaConfig,
+        embed: Arc<QMatrix>,
+        lm_head: Option<Arc<QMatrix>>,
+    ) -> Result<Self> {
+        let want = [cfg.vocab_size, cfg.hidden_size];
+        for (name, m) in
+            std::iter::once(("embedding", &embed)).chain(lm_head.iter().map(|m| ("lm_head", m)))
+        {
+            if [m.n(), m.k()] != want {
+                return Err(GemmaError::ShapeMismatch {
+                    tensor: name.into(),
+                    actual: vec![m.n(), m.k()],
+                    expected: want.to_vec(),
+                });
+            }
+        }
+        Ok(Self {
+            cfg,
+            embed,
+            lm_head,
+        })
+    }
+
+    /// The target's configuration.
+    pub fn config(&self) -> &GemmaConfig {
+        &self.cfg
+    }
+
+    /// Hidden size.
+    pub fn hidden(&self) -> usize {
+        self.cfg.hidden_size
+    }
+
+    /// Vocabulary size.
+    pub fn vocab(&self) -> usize {
+        self.cfg.vocab_size
+    }
+
+    /// RMSNorm epsilon of the target.
+    pub fn eps(&self) -> f64 {
+        self.cfg.rms_norm_eps
+    }
+
+    /// `tanh` soft-capping of the final logits, when the target applies it.
+    pub fn final_softcap(&self) -> Option<f32> {
+        self.cfg.final_logit_softcapping.map(|c| c as f32)
+    }
+
+    /// The output head matrix (`lm_head`, or the embedding when tied).
+    pub(crate) fn head(&self) -> &Arc<QMatrix> {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// The input embedding of `token`, scaled by `sqrt(hidden)` as the decoder sees it.
+    pub fn embed(&self, token: u32) -> Result<Vec<f32>> {
+        let mut row = vec![0f32; self.hidden()];
+        self.embed_into(token, &mut row)?;
+        Ok(row)
+    }
+
+    /// [`TargetHead::embed`] into `row` (`hidden` floats).
+    pub fn embed_into(&self, token: u32, row: &mut [f32]) -> Result<()> {
+        if token as usize >= self.vocab() {
+            return Err(GemmaError::Request(format!(
+                "token id {token} is outside the vocabulary of {}",
+                self.vocab()
+            )));
+        }
+        self.embed.dequantize_row(token as usize, row)?;
+        let scale = (self.hidden() as f32).sqrt();
+        row.iter_mut().for_each(|x| *x *= scale);
+        Ok(())
+    }
+
+    /// The full-vocabulary head as a [`RestrictedHead`] (shares the weights).
+    pub fn full(&self) -> RestrictedHead {
+        RestrictedHead {
+            rows: Arc::clone(self.head()),
+            ids: (0..self.vocab() as u32).collect(),
+            softcap: self.final_softcap(),
+        }
+    }
+
+    /// The head restricted to `ids` (target token ids, in draft-vocabulary order). When
+    /// `ids` is the whole vocabulary in order, the weights are shared, not copied.
+    pub fn restrict(&self, ids: &[u32]) -> Result<RestrictedHead> {
+        if ids.iter().enumerate().all(|(i, t)| i == *t as usize) && ids.len() == self.vocab() {
+            return Ok(self.full());
+        }
+        let rows: Vec<usize> = ids.iter().map(|t| *t as usize).collect();
+        Ok(RestrictedHead {
+            rows: Arc::new(self.head().select_rows(&rows)?),
+            ids: ids.to_vec(),
+            softcap: self.final_softcap(),
+        })
+    }
+
+    /// The unscaled head rows of `ids` as a dense f32 tensor `[ids.len(), hidden]` (the
+    /// frozen head of a training forward).
+    pub fn dense_rows(&self, ids: &[u32]) -> Result<Tensor> {
+        let h = self.hidden();
+        let mut data = vec![0f32; ids.len() * h];
+        for (row, id) in data.chunks_exact_mut(h).zip(ids) {
+            self.head().dequantize_row(*id as usize, row)?;
+        }
+        Ok(Tensor::from_vec(data, (ids.len(), h), &Device::Cpu)?)
+    }
+
+    /// The target's identity (see [`TargetIdentity`]).
+    pub fn identity(&self) -> Result<TargetIdentity> {
+        let mut hasher = Sha256::new();
+        hasher.update((self.vocab() as u64).to_le_bytes());
+        hasher.update((self.hidden() as u64).to_le_bytes());
+        let mut row = vec![0f32; self.hidden()];
+        for r in (0..self.vocab()).step_by(IDENTITY_ROW_STRIDE) {
+            self.embed.dequantize_row(r, &mut row)?;
+            row.iter().for_each(|x| hasher.update(x.to_le_bytes()));
+        }
+        let hash = hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(TargetIdentity {
+            architecture: "gemma3".into(),
+            embedding_hash: hash,
+        })
+    }
+}
+
+/// The target head restricted to a list of token ids: row `i` scores `ids[i]`.
+#[derive(Debug, Clone)]
+pub struct RestrictedHead {
+    rows: Arc<QMatrix>,
+    ids: Vec<u32>,
+    softcap: Option<f32>,
+}
+
+impl RestrictedHead {
+    /// Target ids of the rows, in order.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// Number of rows (the draft vocabulary size).
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether the head has no rows (never true for a constructed head).
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Logits `[m, len]` of `m` f32 hidden rows (`m × hidden`, already final-normed), with
+    /// the target's final soft-capping. 8-bit activations (`QMatrix::matmul`): measured
+    /// faster than the exact product for drafting blocks, and deterministic.
+    pub fn logits(&self, hidden: &[f32], m: usize) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; m * self.len()];
+        self.rows.matmul(hidden, m, &mut out)?;
+        if let Some(cap) = self.softcap {
+            softcap(&mut out, cap);
+        }
+        Ok(out)
+    }
+}
