@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use clap::Args;
-use tandem_core::{FinishReason, SamplingParams};
+use tandem_core::{FinishReason, Proposer, SamplingParams};
 use tandem_engine::{Engine, GenerationRequest, Outcome, Update};
 
+use crate::drafter::DrafterArgs;
 use crate::models::ModelArgs;
 
 /// Flags of `tandem generate`.
@@ -39,6 +40,15 @@ pub struct GenerateArgs {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
+    /// Decode speculatively in process with a DSpark drafter, then decode the same request
+    /// plainly and print both speeds.
+    #[arg(long)]
+    speculative: bool,
+    /// Tokens drafted per round (speculative only).
+    #[arg(long, default_value_t = 8)]
+    gamma: usize,
+    #[command(flatten)]
+    drafter: DrafterArgs,
     #[command(flatten)]
     models: ModelArgs,
 }
@@ -59,8 +69,11 @@ impl GenerateArgs {
             },
             stop_strings: self.stop.clone(),
             ignore_eos: self.ignore_eos,
-            gamma: 0,
+            gamma: if self.speculative { self.gamma } else { 0 },
         };
+        if self.speculative && self.gamma == 0 {
+            anyhow::bail!("--gamma must be at least 1");
+        }
         req.validate()?;
         Ok(req)
     }
@@ -69,9 +82,50 @@ impl GenerateArgs {
 pub fn run(args: GenerateArgs) -> Result<()> {
     let engine = load_engine(&args.models)?;
     let req = args.request(&engine)?;
-    let out = stream(&engine, &req)?;
-    eprintln!("\n[{}]", summary(&out));
+    if !args.speculative {
+        let out = stream(&engine, &req, None)?;
+        eprintln!("\n[{}]", summary(&out));
+        return Ok(());
+    }
+    let proposer = args.drafter.proposer(&engine.model().head())?;
+    if args.drafter.drafter == "random" {
+        eprintln!("[drafter: randomly initialised; expect almost no accepted tokens]");
+    }
+    let spec = stream(&engine, &req, Some(proposer.as_ref()))?;
+    let plain_req = GenerationRequest {
+        gamma: 0,
+        ..req.clone()
+    };
+    let plain = engine.generate(
+        &plain_req,
+        None,
+        &mut |_: &Update| ControlFlow::Continue(()),
+    )?;
+    eprintln!("\n[{}]", summary(&spec));
+    eprintln!("[{}]", compare(&spec, &plain, &plain_req));
     Ok(())
+}
+
+/// The speculative figures beside the plain ones.
+fn compare(spec: &Outcome, plain: &Outcome, req: &GenerationRequest) -> String {
+    let s = &spec.spec;
+    let greedy = req.sampling.is_greedy();
+    let total = (s.draft_s + s.verify_s).max(1e-9);
+    let same = match (greedy, spec.tokens == plain.tokens) {
+        (true, true) => "identical to plain (greedy)",
+        (true, false) => "DIFFERENT from plain (greedy): please report this",
+        (false, _) => "sampled: same distribution as plain, different draws",
+    };
+    format!(
+        "speculative γ={}: mean acceptance length {:.2}, {:.1} tok/s (draft {:.0}% / verify {:.0}% of round time) | plain: {:.1} tok/s | speedup {:.2}x | output {same}",
+        s.drafted_per_position.len(),
+        s.mean_acceptance_length().unwrap_or(1.0),
+        decode_tok_s(spec),
+        100.0 * s.draft_s / total,
+        100.0 * s.verify_s / total,
+        decode_tok_s(plain),
+        decode_tok_s(spec) / decode_tok_s(plain).max(1e-9),
+    )
 }
 
 /// Loads the target and tokenizer named by `models` into an engine.
@@ -81,10 +135,14 @@ pub fn load_engine(models: &ModelArgs) -> Result<Engine> {
 }
 
 /// Runs `req`, writing its text to stdout as it comes.
-fn stream(engine: &Engine, req: &GenerationRequest) -> Result<Outcome> {
+fn stream(
+    engine: &Engine,
+    req: &GenerationRequest,
+    proposer: Option<&dyn Proposer>,
+) -> Result<Outcome> {
     let mut stdout = std::io::stdout().lock();
     let mut failed = None;
-    let out = engine.generate(req, None, &mut |u: &Update| {
+    let out = engine.generate(req, proposer, &mut |u: &Update| {
         let written = stdout
             .write_all(u.chunk.text.as_bytes())
             .and_then(|()| stdout.flush());

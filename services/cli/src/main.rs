@@ -1,6 +1,7 @@
 //! `tandem`: run Gemma generations and benchmarks from the command line.
 
 mod bench;
+mod drafter;
 mod generate;
 mod models;
 

@@ -47,6 +47,26 @@ fn generate_streams_greedy_text_and_speed() {
 }
 
 #[test]
+fn speculative_generation_reports_acceptance_beside_plain() {
+    let out = tandem(&[
+        "generate",
+        "--prompt",
+        "1, 2, 3,",
+        "--max-tokens",
+        "12",
+        "--speculative",
+        "--gamma",
+        "4",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout.clone()).expect("utf-8");
+    assert!(text.starts_with(" 4, 5, 6,"), "{text:?}");
+    let err = stderr(&out);
+    assert!(err.contains("mean acceptance length"), "{err}");
+    assert!(err.contains("plain:") && err.contains("identical to plain"), "{err}");
+}
+
+#[test]
 fn sampling_is_reproducible_with_a_seed() {
     let args = [
         "generate",
@@ -104,6 +124,10 @@ fn bad_input_is_one_clear_line() {
     assert_one_line_error(
         &tandem(&["generate", "--prompt", "x", "--max-tokens", "0"]),
         "max-tokens",
+    );
+    assert_one_line_error(
+        &tandem(&["generate", "--prompt", "x", "--speculative", "--drafter", "/nonexistent"]),
+        "drafter",
     );
     let tmp = std::env::temp_dir().join(format!("tandem-cli-bad-{}.gguf", std::process::id()));
     std::fs::write(&tmp, b"not a model").expect("write");

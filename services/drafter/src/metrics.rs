@@ -34,7 +34,11 @@ impl DrafterMetrics {
                 &[],
             ),
             active_sessions: r.gauge("tandem_active_sessions", "Drafting sessions open now.", &[]),
-            sessions: r.counter("tandem_drafter_sessions_total", "Drafting sessions opened.", &[]),
+            sessions: r.counter(
+                "tandem_drafter_sessions_total",
+                "Drafting sessions opened.",
+                &[],
+            ),
             snapshot_bytes: r.counter(
                 "tandem_drafter_snapshot_bytes_total",
                 "Snapshot (context row) payload bytes received.",

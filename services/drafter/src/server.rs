@@ -44,7 +44,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_service_status("", ServingStatus::NotServing).await;
+    reporter
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
     reporter
         .set_not_serving::<pb::drafter_server::DrafterServer<DrafterService>>()
         .await;
@@ -56,7 +58,9 @@ pub async fn serve(
     let metrics_task = tokio::spawn(serve_metrics(metrics, registry, wait(stop_rx.clone())));
     let warm = service.clone();
     tokio::task::spawn_blocking(move || warm_up(&warm)).await??;
-    reporter.set_service_status("", ServingStatus::Serving).await;
+    reporter
+        .set_service_status("", ServingStatus::Serving)
+        .await;
     reporter
         .set_serving::<pb::drafter_server::DrafterServer<DrafterService>>()
         .await;

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use pb::draft_request::Msg;
 use tandem_core::{ProposeRequest, Proposer, ProposerSession};
 use tandem_proto::codec::{block_to_pb, rows_from_pb, sampling_from_pb};
 use tandem_proto::v1 as pb;
-use pb::draft_request::Msg;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -80,7 +80,11 @@ impl pb::drafter_server::Drafter for DrafterService {
         let shared = Arc::clone(&self.shared);
         let handle = Handle::current();
         tokio::task::spawn_blocking(move || {
-            let mut link = Link { inbound, tx, handle };
+            let mut link = Link {
+                inbound,
+                tx,
+                handle,
+            };
             if let Err(e) = run_session(&shared, &mut link) {
                 shared.metrics.error(e.error_type());
                 tracing::debug!("drafting session ended: {e}");
@@ -180,7 +184,10 @@ fn run_session(shared: &Shared, link: &mut Link) -> Result<(), DrafterError> {
     while let Some(msg) = link.next() {
         match msg {
             Msg::Rows(rows) => {
-                shared.metrics.snapshot_bytes.increment(rows.data.len() as u64);
+                shared
+                    .metrics
+                    .snapshot_bytes
+                    .increment(rows.data.len() as u64);
                 session.extend(&rows_from_pb(&rows, width)?)?;
             }
             Msg::Propose(p) => {
@@ -190,7 +197,9 @@ fn run_session(shared: &Shared, link: &mut Link) -> Result<(), DrafterError> {
                 }
             }
             Msg::Close(_) => return Ok(()),
-            Msg::Open(_) => return Err(DrafterError::Invalid("the session is already open".into())),
+            Msg::Open(_) => {
+                return Err(DrafterError::Invalid("the session is already open".into()))
+            }
         }
     }
     Ok(())

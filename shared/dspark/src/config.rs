@@ -60,6 +60,25 @@ impl TargetDims {
 }
 
 impl DsparkConfig {
+    /// A small drafter for `dims` (γ 8, width 256, 2 layers, Markov rank 64, taps at a third,
+    /// two thirds and the end of the target plus its final norm, the first 32,768 ids as
+    /// draft vocabulary): cheap to run untrained, for tests and demos.
+    pub fn small(dims: &TargetDims) -> Self {
+        let l = dims.layers;
+        let mut taps = vec![l / 3, 2 * l / 3, l.saturating_sub(1), l];
+        taps.dedup();
+        Self {
+            gamma: 8,
+            d_draft: 256,
+            n_layers: 2,
+            n_heads: 8,
+            markov_rank: 64,
+            ff_mult: 2,
+            tap_layers: taps,
+            draft_vocab: Some((0..dims.vocab.min(32_768) as u32).collect()),
+        }
+    }
+
     /// Checks the config against itself and the target.
     pub fn validate(&self, dims: &TargetDims) -> Result<()> {
         let err = |m: String| Err(DsparkError::Config(m));
