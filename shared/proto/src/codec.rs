@@ -115,7 +115,7 @@ pub fn rows_to_pb(rows: &SnapshotRows, dtype: pb::Dtype) -> pb::ContextRows {
         start: rows.start as u64,
         dtype: dtype as i32,
         shape: vec![rows.rows() as u32, rows.width as u32],
-        data: data.into(),
+        data,
     }
 }
 
