@@ -10,6 +10,7 @@ use clap::Args;
 use tandem_core::{FinishReason, Proposer, SamplingParams};
 use tandem_engine::{Engine, GenerationRequest, Outcome, Update};
 
+use crate::client::{self, RemoteRequest};
 use crate::drafter::DrafterArgs;
 use crate::models::ModelArgs;
 
@@ -47,6 +48,10 @@ pub struct GenerateArgs {
     /// Tokens drafted per round (speculative only).
     #[arg(long, default_value_t = 8)]
     gamma: usize,
+    /// Send the request to a verifier (e.g. http://127.0.0.1:50051) instead of running the
+    /// model here; speculation then follows --speculative.
+    #[arg(long)]
+    server: Option<String>,
     #[command(flatten)]
     drafter: DrafterArgs,
     #[command(flatten)]
@@ -80,6 +85,9 @@ impl GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
+    if let Some(url) = &args.server {
+        return run_remote(url, &args);
+    }
     let engine = load_engine(&args.models)?;
     let req = args.request(&engine)?;
     if !args.speculative {
@@ -126,6 +134,29 @@ fn compare(spec: &Outcome, plain: &Outcome, req: &GenerationRequest) -> String {
         decode_tok_s(plain),
         decode_tok_s(spec) / decode_tok_s(plain).max(1e-9),
     )
+}
+
+fn run_remote(url: &str, args: &GenerateArgs) -> Result<()> {
+    if args.max_tokens == 0 {
+        anyhow::bail!("--max-tokens must be at least 1");
+    }
+    let req = RemoteRequest {
+        prompt: args.prompt.clone(),
+        max_tokens: args.max_tokens,
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            seed: args.seed,
+        },
+        stop: args.stop.clone(),
+        ignore_eos: args.ignore_eos,
+        speculative: args.speculative,
+        gamma: args.gamma,
+    };
+    let finished = client::generate(url, &req)?;
+    eprintln!("\n[{}]", client::summary(&finished));
+    Ok(())
 }
 
 /// Loads the target and tokenizer named by `models` into an engine.

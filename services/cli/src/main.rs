@@ -1,9 +1,11 @@
 //! `tandem`: run Gemma generations and benchmarks from the command line.
 
 mod bench;
+mod client;
 mod drafter;
 mod generate;
 mod models;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -21,6 +23,12 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Measure the target: prefill and decode speed, and the cost of block forwards.
     Bench(bench::BenchArgs),
+    /// Run the drafter service.
+    Drafter(serve::DrafterServeArgs),
+    /// Run the verifier service (the client-facing API).
+    Verifier(serve::VerifierServeArgs),
+    /// Run a drafter and a verifier on this machine.
+    Up(serve::UpArgs),
 }
 
 fn main() {
@@ -32,6 +40,9 @@ fn main() {
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Drafter(args) => serve::drafter(args),
+        Command::Verifier(args) => serve::verifier(args),
+        Command::Up(args) => serve::up(args),
     };
     if let Err(e) = result {
         eprintln!("tandem: error: {e:#}");

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use tandem_gemma::{Gemma3, LoadOptions, Precision};
+use tandem_gemma::{Gemma3, LoadOptions, Precision, TargetHead};
 use tandem_tokenizer::GemmaTokenizer;
 
 /// File name of the default target inside the models folder.
@@ -72,13 +72,25 @@ impl ModelArgs {
         Ok(path)
     }
 
+    /// The target model's path, checked against `--model-sha256` when given.
+    pub fn model_path(&self) -> Result<PathBuf> {
+        let path = self.resolve(&self.model, DEFAULT_GGUF, "model")?;
+        if let Some(sum) = &self.model_sha256 {
+            tandem_gemma::verify_sha256(&path, sum)?;
+        }
+        Ok(path)
+    }
+
+    /// Loads only the target's embedding and output head (what a drafter needs).
+    pub fn load_head(&self) -> Result<TargetHead> {
+        let path = self.model_path()?;
+        TargetHead::load(&path).with_context(|| format!("loading {}", display(&path)))
+    }
+
     /// Loads the target model and its tokenizer.
     pub fn load(&self) -> Result<(Gemma3, GemmaTokenizer)> {
-        let model_path = self.resolve(&self.model, DEFAULT_GGUF, "model")?;
+        let model_path = self.model_path()?;
         let tok_path = self.resolve(&self.tokenizer, DEFAULT_TOKENIZER, "tokenizer")?;
-        if let Some(sum) = &self.model_sha256 {
-            tandem_gemma::verify_sha256(&model_path, sum)?;
-        }
         let opts = LoadOptions {
             precision: self.precision.into(),
         };

@@ -63,7 +63,10 @@ fn speculative_generation_reports_acceptance_beside_plain() {
     assert!(text.starts_with(" 4, 5, 6,"), "{text:?}");
     let err = stderr(&out);
     assert!(err.contains("mean acceptance length"), "{err}");
-    assert!(err.contains("plain:") && err.contains("identical to plain"), "{err}");
+    assert!(
+        err.contains("plain:") && err.contains("identical to plain"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -126,7 +129,14 @@ fn bad_input_is_one_clear_line() {
         "max-tokens",
     );
     assert_one_line_error(
-        &tandem(&["generate", "--prompt", "x", "--speculative", "--drafter", "/nonexistent"]),
+        &tandem(&[
+            "generate",
+            "--prompt",
+            "x",
+            "--speculative",
+            "--drafter",
+            "/nonexistent",
+        ]),
         "drafter",
     );
     let tmp = std::env::temp_dir().join(format!("tandem-cli-bad-{}.gguf", std::process::id()));

@@ -82,11 +82,24 @@ impl Engine {
         proposer: Option<&dyn Proposer>,
         sink: &mut Sink<'_>,
     ) -> Result<Outcome> {
-        req.validate()?;
-        self.check_prompt(&req.prompt)?;
+        self.check(req)?;
         let mut run = Generation::start(self, req, proposer)?;
         run.run(sink)?;
         Ok(run.outcome())
+    }
+
+    /// Checks `req` against the model (vocabulary, context length) without running it.
+    pub fn check(&self, req: &GenerationRequest) -> Result<()> {
+        req.validate()?;
+        self.check_prompt(&req.prompt)
+    }
+
+    /// Most KV-cache bytes `req` can hold while it runs with blocks of up to `gamma` drafted
+    /// tokens (the cache grows as positions commit; this is its ceiling).
+    pub fn cache_bytes(&self, req: &GenerationRequest, gamma: usize) -> usize {
+        let cfg = self.model.config();
+        let per_position = 2 * cfg.num_hidden_layers * cfg.kv_dim() * std::mem::size_of::<f32>();
+        cache_positions(req, gamma, cfg.max_position_embeddings) * per_position
     }
 
     fn check_prompt(&self, prompt: &[u32]) -> Result<()> {
@@ -136,11 +149,13 @@ impl<'e> Generation<'e> {
             Some(p) if gamma > 0 => Drafting::open(p, &req.sampling, &mut stats),
             _ => None,
         };
-        let capacity = req.prompt.len() + req.max_tokens + gamma + 1;
+        let max_context = engine.model.config().max_position_embeddings;
         Ok(Self {
             model: &engine.model,
             req,
-            cache: engine.model.new_cache(capacity),
+            cache: engine
+                .model
+                .new_cache(cache_positions(req, gamma, max_context)),
             sampler: Sampler::new(req.sampling)?,
             output: Output::new(req.stop_config(engine.tokenizer.stop_ids())),
             stream: engine.tokenizer.stream(),
@@ -316,6 +331,12 @@ impl<'e> Generation<'e> {
             timing: self.timing,
         }
     }
+}
+
+/// Positions a generation's cache may need: the prompt, every new token and one block of
+/// drafts beyond them, within the model's context.
+fn cache_positions(req: &GenerationRequest, gamma: usize, max_context: usize) -> usize {
+    (req.prompt.len() + req.max_tokens + gamma + 1).min(max_context)
 }
 
 /// The first `rows` rows of a `[m, vocab]` logits tensor.

@@ -1,0 +1,85 @@
+//! `tandem generate --server URL`: the same request sent to a verifier over gRPC, its text
+//! streamed to stdout and its statistics to stderr.
+
+use std::io::Write;
+
+use anyhow::{bail, Context, Result};
+use pb::generation_client::GenerationClient;
+use tandem_core::SamplingParams;
+use tandem_proto::codec::sampling_to_pb;
+use tandem_proto::v1 as pb;
+
+/// What the client sends.
+pub struct RemoteRequest {
+    /// Prompt text.
+    pub prompt: String,
+    /// Most new tokens.
+    pub max_tokens: usize,
+    /// Sampling parameters.
+    pub sampling: SamplingParams,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Keep going past EOS.
+    pub ignore_eos: bool,
+    /// Speculation on or off, and a γ cap.
+    pub speculative: bool,
+    /// γ cap.
+    pub gamma: usize,
+}
+
+/// Streams a generation from the verifier at `url`.
+pub fn generate(url: &str, r: &RemoteRequest) -> Result<pb::Finished> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let mut client = GenerationClient::connect(url.to_string())
+            .await
+            .with_context(|| format!("cannot connect to {url}"))?;
+        let req = pb::GenerateRequest {
+            prompt: Some(pb::generate_request::Prompt::Text(r.prompt.clone())),
+            sampling: Some(sampling_to_pb(&r.sampling)),
+            max_tokens: Some(r.max_tokens as u32),
+            stop: r.stop.clone(),
+            ignore_eos: r.ignore_eos,
+            speculative: Some(r.speculative),
+            max_gamma: Some(r.gamma as u32),
+        };
+        let mut stream = client
+            .generate(req)
+            .await
+            .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+            .into_inner();
+        let mut stdout = std::io::stdout().lock();
+        while let Some(msg) = stream
+            .message()
+            .await
+            .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+        {
+            stdout.write_all(msg.text.as_bytes())?;
+            stdout.flush()?;
+            if let Some(f) = msg.finished {
+                return Ok(f);
+            }
+        }
+        bail!("the server ended the stream without a finish message")
+    })
+}
+
+/// One line of figures from the finish message.
+pub fn summary(f: &pb::Finished) -> String {
+    let reason = pb::FinishReason::try_from(f.reason).map_or("unknown", |r| r.as_str_name());
+    let usage = f.usage.unwrap_or_default();
+    let spec = f.speculation.clone().unwrap_or_default();
+    let decode_s = (f.total_seconds - f.ttft_seconds).max(1e-9);
+    format!(
+        "prompt {} tokens | generated {} tokens ({}), ttft {:.0} ms, decode {:.1} tok/s | mean acceptance length {:.2} over {} rounds",
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        reason.trim_start_matches("FINISH_REASON_").to_lowercase(),
+        f.ttft_seconds * 1000.0,
+        usage.completion_tokens.saturating_sub(1) as f64 / decode_s,
+        spec.mean_acceptance_length,
+        spec.drafts,
+    )
+}

@@ -1,0 +1,187 @@
+//! The verifier's Prometheus metrics (names and definitions in ARCHITECTURE.md, following
+//! vLLM's so dashboards carry over). Labels are bounded: finish reasons and draft positions
+//! up to the largest γ.
+
+use std::sync::Arc;
+
+use tandem_core::FinishReason;
+use tandem_engine::{Outcome, RoundStats};
+use tandem_telemetry::{Counter, Gauge, Histogram, Registry};
+
+const REASONS: [FinishReason; 5] = [
+    FinishReason::Length,
+    FinishReason::Eos,
+    FinishReason::Stop,
+    FinishReason::Cancelled,
+    FinishReason::Error,
+];
+
+/// Handles of every verifier metric.
+pub struct VerifierMetrics {
+    drafts: Counter,
+    draft_tokens: Counter,
+    accepted: Counter,
+    accepted_per_pos: Vec<Counter>,
+    drafted_per_pos: Vec<Counter>,
+    requests: Vec<Counter>,
+    generated: Counter,
+    prompt_tokens: Counter,
+    proposer_failures: Counter,
+    /// Drafter streams that failed (open, send or receive).
+    pub draft_rpc_errors: Counter,
+    /// Seconds to the first token.
+    pub ttft: Histogram,
+    /// Seconds between tokens.
+    pub itl: Histogram,
+    e2e: Histogram,
+    verify: Histogram,
+    draft_rpc: Histogram,
+    acceptance_length: Histogram,
+    /// Generations running.
+    pub active_sessions: Gauge,
+    /// Reserved KV-cache bytes over the budget.
+    pub kv_usage: Gauge,
+    /// Compatible drafter endpoints connected.
+    pub drafters_available: Gauge,
+    /// Requests waiting for admission.
+    pub queued: Gauge,
+}
+
+impl VerifierMetrics {
+    /// Registers the verifier's metrics in `r`, with per-position series up to `max_gamma`.
+    pub fn new(r: &Arc<Registry>, max_gamma: usize) -> Self {
+        let pos = |name, help| {
+            (1..=max_gamma.max(1))
+                .map(|p| r.counter(name, help, &[("position", p.to_string())]))
+                .collect()
+        };
+        let secs = |name, help| r.histogram(name, help, &[]);
+        Self {
+            drafts: r.counter(
+                "tandem_spec_drafts_total",
+                "Rounds that verified a drafted block.",
+                &[],
+            ),
+            draft_tokens: r.counter(
+                "tandem_spec_draft_tokens_total",
+                "Draft tokens verified.",
+                &[],
+            ),
+            accepted: r.counter(
+                "tandem_spec_accepted_tokens_total",
+                "Draft tokens accepted.",
+                &[],
+            ),
+            accepted_per_pos: pos(
+                "tandem_spec_accepted_tokens_per_pos_total",
+                "Draft tokens accepted, by position in the block (1-based).",
+            ),
+            drafted_per_pos: pos(
+                "tandem_spec_draft_tokens_per_pos_total",
+                "Rounds that drafted a token at this position (1-based).",
+            ),
+            requests: REASONS
+                .iter()
+                .map(|f| {
+                    r.counter(
+                        "tandem_requests_total",
+                        "Finished requests by finish reason.",
+                        &[("finish_reason", f.as_str().to_string())],
+                    )
+                })
+                .collect(),
+            generated: r.counter("tandem_generated_tokens_total", "Tokens generated.", &[]),
+            prompt_tokens: r.counter(
+                "tandem_prompt_tokens_total",
+                "Prompt tokens processed.",
+                &[],
+            ),
+            proposer_failures: r.counter(
+                "tandem_proposer_failures_total",
+                "Generations that lost their drafter and went on without speculation.",
+                &[],
+            ),
+            draft_rpc_errors: r.counter(
+                "tandem_draft_rpc_errors_total",
+                "Drafter streams that failed.",
+                &[],
+            ),
+            ttft: secs(
+                "tandem_time_to_first_token_seconds",
+                "Time to the first token, seconds.",
+            ),
+            itl: secs(
+                "tandem_inter_token_latency_seconds",
+                "Time between streamed tokens, seconds.",
+            ),
+            e2e: secs(
+                "tandem_e2e_request_latency_seconds",
+                "Request latency from admission to the last token, seconds.",
+            ),
+            verify: secs(
+                "tandem_verify_seconds",
+                "Target verify forward per round, seconds.",
+            ),
+            draft_rpc: secs(
+                "tandem_draft_rpc_seconds",
+                "Drafter round trip per round (send rows + propose), seconds.",
+            ),
+            acceptance_length: r.histogram(
+                "tandem_acceptance_length",
+                "Tokens emitted per drafting round (accepted + 1).",
+                &[],
+            ),
+            active_sessions: r.gauge("tandem_active_sessions", "Generations running.", &[]),
+            kv_usage: r.gauge(
+                "tandem_kv_cache_usage_ratio",
+                "KV-cache bytes reserved by running generations over the budget.",
+                &[],
+            ),
+            drafters_available: r.gauge(
+                "tandem_drafters_available",
+                "Compatible drafter endpoints in use.",
+                &[],
+            ),
+            queued: r.gauge(
+                "tandem_queued_requests",
+                "Requests waiting for admission.",
+                &[],
+            ),
+        }
+    }
+
+    /// Records one round.
+    pub fn round(&self, r: &RoundStats) {
+        self.verify.record(r.verify_s);
+        if r.drafted == 0 {
+            return;
+        }
+        self.draft_rpc.record(r.draft_s);
+        self.drafts.increment(1);
+        self.draft_tokens.increment(r.drafted as u64);
+        self.accepted.increment(r.accepted as u64);
+        self.acceptance_length.record((r.accepted + 1) as f64);
+        for c in self.drafted_per_pos.iter().take(r.drafted) {
+            c.increment(1);
+        }
+        for c in self.accepted_per_pos.iter().take(r.accepted) {
+            c.increment(1);
+        }
+    }
+
+    /// Records a finished request.
+    pub fn finished(&self, out: &Outcome, e2e_s: f64) {
+        self.request(out.finish);
+        self.generated.increment(out.tokens.len() as u64);
+        self.prompt_tokens.increment(out.prompt_tokens as u64);
+        self.proposer_failures.increment(out.spec.proposer_failures);
+        self.e2e.record(e2e_s);
+    }
+
+    /// Counts a request by finish reason.
+    pub fn request(&self, reason: FinishReason) {
+        if let Some(i) = REASONS.iter().position(|r| *r == reason) {
+            self.requests[i].increment(1);
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! The verifier's drafters: long-lived HTTP/2 channels to a set of endpoints (fixed
+//! `http://host:port` addresses, or `dns:///name:port` names re-resolved periodically, as a
+//! headless Kubernetes Service gives one address per pod). Each endpoint is checked with
+//! Info before use; one made for another target is refused. New sessions go to the least
+//! loaded healthy drafter and stay there; endpoints that disappear keep serving the sessions
+//! they already have until those end.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use pb::drafter_client::DrafterClient;
+use tandem_core::{ProposeError, Proposer, ProposerSession, SamplingParams, SnapshotSpec};
+use tandem_proto::v1 as pb;
+use tokio::runtime::Handle;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::VerifierError;
+use crate::metrics::VerifierMetrics;
+use crate::remote::{RemoteSession, SessionOptions};
+
+/// Longest wait for a drafter's Info answer.
+const INFO_TIMEOUT: Duration = Duration::from_secs(3);
+/// Sessions tried on different drafters before giving up on speculation for a generation.
+const OPEN_ATTEMPTS: usize = 2;
+
+/// Where drafters are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A fixed address.
+    Static(String),
+    /// A DNS name whose addresses are all drafters on `port`.
+    Dns {
+        /// Host name.
+        host: String,
+        /// Port of every address.
+        port: u16,
+    },
+}
+
+impl Source {
+    /// Parses `http://host:port`, `https://…`, `host:port` or `dns:///name:port`.
+    pub fn parse(s: &str) -> Result<Self, VerifierError> {
+        let bad = || VerifierError::InvalidArgument(format!("bad drafter endpoint {s:?}"));
+        if let Some(rest) = s
+            .strip_prefix("dns:///")
+            .or_else(|| s.strip_prefix("dns://"))
+        {
+            let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+            let port = port.parse().map_err(|_| bad())?;
+            if host.is_empty() {
+                return Err(bad());
+            }
+            return Ok(Self::Dns {
+                host: host.to_string(),
+                port,
+            });
+        }
+        if s.starts_with("http://") || s.starts_with("https://") {
+            return Ok(Self::Static(s.to_string()));
+        }
+        if s.rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+        {
+            return Ok(Self::Static(format!("http://{s}")));
+        }
+        Err(bad())
+    }
+
+    async fn urls(&self) -> std::io::Result<Vec<String>> {
+        match self {
+            Self::Static(u) => Ok(vec![u.clone()]),
+            Self::Dns { host, port } => {
+                let mut urls: Vec<String> = tokio::net::lookup_host((host.as_str(), *port))
+                    .await?
+                    .map(|a| format!("http://{a}"))
+                    .collect();
+                urls.sort();
+                urls.dedup();
+                Ok(urls)
+            }
+        }
+    }
+}
+
+/// One drafter endpoint.
+pub struct Member {
+    url: String,
+    source: usize,
+    /// Client over the endpoint's channel (cheap to clone).
+    pub client: DrafterClient<Channel>,
+    /// Sessions open on it now.
+    pub active: AtomicUsize,
+    healthy: AtomicBool,
+}
+
+/// What every drafter of the pool must agree on.
+#[derive(Debug, Clone)]
+struct Agreed {
+    spec: SnapshotSpec,
+    max_gamma: usize,
+}
+
+/// Settings of a [`DrafterPool`].
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Endpoints as given by the operator.
+    pub endpoints: Vec<String>,
+    /// How sessions talk to drafters.
+    pub session: SessionOptions,
+    /// The target's hidden size and layer count (taps must fit them).
+    pub hidden: usize,
+    /// Target decoder layers.
+    pub layers: usize,
+}
+
+/// The drafters a verifier drafts with; a [`Proposer`] over all of them.
+pub struct DrafterPool {
+    cfg: PoolConfig,
+    sources: Vec<Source>,
+    members: RwLock<Vec<Arc<Member>>>,
+    agreed: RwLock<Option<Agreed>>,
+    metrics: Arc<VerifierMetrics>,
+    handle: Handle,
+}
+
+impl DrafterPool {
+    /// A pool over `cfg.endpoints` (nothing is contacted until [`DrafterPool::refresh`]).
+    pub fn new(
+        cfg: PoolConfig,
+        metrics: Arc<VerifierMetrics>,
+        handle: Handle,
+    ) -> Result<Self, VerifierError> {
+        let sources = cfg
+            .endpoints
+            .iter()
+            .map(|e| Source::parse(e))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            cfg,
+            sources,
+            members: RwLock::new(Vec::new()),
+            agreed: RwLock::new(None),
+            metrics,
+            handle,
+        })
+    }
+
+    /// Endpoints as configured.
+    pub fn endpoints(&self) -> &[String] {
+        &self.cfg.endpoints
+    }
+
+    /// Resolves every source again, checks new endpoints with Info, drops endpoints that are
+    /// gone and retries unhealthy ones. Fails only when a fixed endpoint serves another
+    /// target (a configuration error to refuse at startup); unreachable endpoints are left
+    /// out until they answer.
+    pub async fn refresh(&self) -> Result<(), VerifierError> {
+        let mut keep: Vec<Arc<Member>> = Vec::new();
+        let current = self
+            .members
+            .read()
+            .map_or_else(|p| p.into_inner().clone(), |m| m.clone());
+        for (i, source) in self.sources.iter().enumerate() {
+            let urls = match source.urls().await {
+                Ok(urls) => urls,
+                Err(e) => {
+                    tracing::warn!("cannot resolve drafters {source:?}: {e}");
+                    keep.extend(current.iter().filter(|m| m.source == i).cloned());
+                    continue;
+                }
+            };
+            for url in urls {
+                let known = current.iter().find(|m| m.url == url && m.source == i);
+                let member = match known {
+                    Some(m) if m.healthy.load(Ordering::SeqCst) => Some(Arc::clone(m)),
+                    _ => {
+                        self.check(&url, i, matches!(source, Source::Static(_)))
+                            .await?
+                    }
+                };
+                keep.extend(member);
+            }
+        }
+        let healthy = keep.len();
+        *self.members.write().unwrap_or_else(|p| p.into_inner()) = keep;
+        self.metrics.drafters_available.set(healthy as f64);
+        Ok(())
+    }
+
+    /// Refreshes every `every` until the runtime shuts down.
+    pub fn spawn_refresh(self: &Arc<Self>, every: Duration) {
+        let pool = Arc::downgrade(self);
+        self.handle.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(pool) = pool.upgrade() else { return };
+                if let Err(e) = pool.refresh().await {
+                    tracing::error!("drafter refresh: {e}");
+                }
+            }
+        });
+    }
+
+    /// Connects to `url` and checks it; `Err` only for a fixed endpoint of another target.
+    async fn check(
+        &self,
+        url: &str,
+        source: usize,
+        fixed: bool,
+    ) -> Result<Option<Arc<Member>>, VerifierError> {
+        let channel = match Endpoint::from_shared(url.to_string()) {
+            Ok(e) => e
+                .connect_timeout(INFO_TIMEOUT)
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(Duration::from_secs(30))
+                .connect_lazy(),
+            Err(e) => {
+                return Err(VerifierError::InvalidArgument(format!(
+                    "bad drafter endpoint {url}: {e}"
+                )))
+            }
+        };
+        let mut client = DrafterClient::new(channel);
+        let info = match tokio::time::timeout(INFO_TIMEOUT, client.info(pb::InfoRequest {})).await {
+            Ok(Ok(info)) => info.into_inner(),
+            Ok(Err(e)) => {
+                tracing::warn!("drafter {url} unavailable: {}", e.message());
+                return Ok(None);
+            }
+            Err(_) => {
+                tracing::warn!("drafter {url} did not answer Info in time");
+                return Ok(None);
+            }
+        };
+        match self.compatible(&info) {
+            Ok(()) => Ok(Some(Arc::new(Member {
+                url: url.to_string(),
+                source,
+                client,
+                active: AtomicUsize::new(0),
+                healthy: AtomicBool::new(true),
+            }))),
+            Err(why) if fixed => Err(VerifierError::InvalidArgument(format!(
+                "refusing drafter {url}: {why}"
+            ))),
+            Err(why) => {
+                tracing::error!("refusing drafter {url}: {why}");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Whether a drafter fits this verifier's target and the pool's other drafters.
+    fn compatible(&self, info: &pb::DrafterInfo) -> Result<(), String> {
+        let ours = &self.cfg.session.target;
+        if info.target.as_ref() != Some(ours) {
+            let theirs = info.target.as_ref().map_or("none".into(), |t| {
+                format!("{} {}", t.architecture, t.embedding_hash)
+            });
+            return Err(format!(
+                "it was made for another target ({theirs}; this verifier serves {} {})",
+                ours.architecture, ours.embedding_hash
+            ));
+        }
+        let spec = SnapshotSpec {
+            taps: info.taps.iter().map(|t| *t as usize).collect(),
+            hidden: info.hidden_size as usize,
+        };
+        if spec.hidden != self.cfg.hidden
+            || spec.taps.is_empty()
+            || spec.taps.iter().any(|t| *t > self.cfg.layers)
+        {
+            return Err(format!("its snapshot {spec:?} does not fit the target"));
+        }
+        let mut agreed = self.agreed.write().unwrap_or_else(|p| p.into_inner());
+        match agreed.as_ref() {
+            Some(a) if a.spec != spec => Err(format!(
+                "its taps {:?} differ from the pool's {:?}",
+                spec.taps, a.spec.taps
+            )),
+            Some(_) => Ok(()),
+            None => {
+                *agreed = Some(Agreed {
+                    spec,
+                    max_gamma: info.max_gamma as usize,
+                });
+                Ok(())
+            }
+        }
+    }
+
+    /// Healthy members, least loaded first.
+    fn candidates(&self) -> Vec<Arc<Member>> {
+        let mut m: Vec<Arc<Member>> = self
+            .members
+            .read()
+            .map_or_else(|p| p.into_inner().clone(), |m| m.clone())
+            .into_iter()
+            .filter(|m| m.healthy.load(Ordering::SeqCst))
+            .collect();
+        m.sort_by_key(|m| m.active.load(Ordering::SeqCst));
+        m
+    }
+}
+
+impl Proposer for DrafterPool {
+    fn snapshot_spec(&self) -> SnapshotSpec {
+        let agreed = self
+            .agreed
+            .read()
+            .map_or_else(|p| p.into_inner().clone(), |a| a.clone());
+        agreed.map_or(
+            SnapshotSpec {
+                taps: Vec::new(),
+                hidden: self.cfg.hidden,
+            },
+            |a| a.spec,
+        )
+    }
+
+    fn max_gamma(&self) -> usize {
+        let agreed = self
+            .agreed
+            .read()
+            .map_or_else(|p| p.into_inner().clone(), |a| a.clone());
+        agreed.map_or(0, |a| a.max_gamma)
+    }
+
+    fn open(&self, sampling: &SamplingParams) -> Result<Box<dyn ProposerSession>, ProposeError> {
+        let mut last = ProposeError::Unavailable("no drafter available".into());
+        for member in self.candidates().into_iter().take(OPEN_ATTEMPTS) {
+            let errors = self.metrics.draft_rpc_errors.clone();
+            match RemoteSession::open(
+                Arc::clone(&member),
+                sampling,
+                &self.cfg.session,
+                self.handle.clone(),
+                errors,
+            ) {
+                Ok(s) => return Ok(Box::new(s)),
+                Err(e @ ProposeError::Invalid(_)) => return Err(e),
+                Err(e) => {
+                    tracing::warn!("drafter {} failed to open a session: {e}", member.url);
+                    member.healthy.store(false, Ordering::SeqCst);
+                    self.metrics.draft_rpc_errors.increment(1);
+                    last = e;
+                }
+            }
+        }
+        Err(last)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse() {
+        assert_eq!(
+            Source::parse("http://a:1").ok(),
+            Some(Source::Static("http://a:1".into()))
+        );
+        assert_eq!(
+            Source::parse("a:50052").ok(),
+            Some(Source::Static("http://a:50052".into()))
+        );
+        assert_eq!(
+            Source::parse("dns:///drafters.ns.svc:50052").ok(),
+            Some(Source::Dns {
+                host: "drafters.ns.svc".into(),
+                port: 50052
+            })
+        );
+        for bad in ["", "dns:///x", "dns:///:1", "nohost", "a:b"] {
+            assert!(Source::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! A proposer session on a remote drafter: one `Draft` stream per generation. Context rows
+//! are sent without waiting (the stream keeps them in order); each proposal waits for its
+//! block, with a timeout. The engine calls it from a blocking thread, so every network step
+//! is driven with the runtime handle. Dropping the session closes the stream, which frees
+//! the drafter's mirror.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pb::draft_request::Msg;
+use tandem_core::{
+    DraftBlock, ProposeError, ProposeRequest, ProposerSession, SamplingParams, SnapshotRows,
+};
+use tandem_proto::codec::{rows_to_pb, sampling_to_pb};
+use tandem_proto::v1 as pb;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Status, Streaming};
+
+use tandem_telemetry::Counter;
+
+use crate::pool::Member;
+
+/// Requests buffered towards a drafter before the verifier waits.
+const REQUEST_BUFFER: usize = 32;
+
+/// How a session talks to its drafter.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    /// The verifier's target, sent in Open.
+    pub target: pb::TargetIdentity,
+    /// Longest wait for the stream to open.
+    pub open_timeout: Duration,
+    /// Longest wait for one block.
+    pub propose_timeout: Duration,
+    /// Wire type of context rows.
+    pub dtype: pb::Dtype,
+}
+
+/// One generation's stream to one drafter.
+pub struct RemoteSession {
+    member: Arc<Member>,
+    tx: mpsc::Sender<pb::DraftRequest>,
+    rx: Streaming<pb::DraftResponse>,
+    handle: Handle,
+    opts: SessionOptions,
+    errors: Counter,
+}
+
+fn to_propose_error(s: &Status) -> ProposeError {
+    let msg = format!("drafter: {}", s.message());
+    match s.code() {
+        Code::InvalidArgument | Code::FailedPrecondition => ProposeError::Invalid(msg),
+        _ => ProposeError::Unavailable(msg),
+    }
+}
+
+fn timed_out(what: &str) -> ProposeError {
+    ProposeError::Unavailable(format!("drafter did not {what} in time"))
+}
+
+impl RemoteSession {
+    /// Opens a stream on `member` and waits for the drafter to accept it.
+    pub fn open(
+        member: Arc<Member>,
+        sampling: &SamplingParams,
+        opts: &SessionOptions,
+        handle: Handle,
+        errors: Counter,
+    ) -> Result<Self, ProposeError> {
+        let (tx, rx) = mpsc::channel(REQUEST_BUFFER);
+        let open = Msg::Open(pb::Open {
+            target: Some(opts.target.clone()),
+            sampling: Some(sampling_to_pb(sampling)),
+        });
+        tx.try_send(pb::DraftRequest { msg: Some(open) })
+            .map_err(|_| ProposeError::Unavailable("request buffer full".into()))?;
+        let mut client = member.client.clone();
+        let call = client.draft(ReceiverStream::new(rx));
+        let mut stream = handle
+            .block_on(tokio::time::timeout(opts.open_timeout, call))
+            .map_err(|_| timed_out("open a session"))?
+            .map_err(|s| to_propose_error(&s))?
+            .into_inner();
+        let first = handle.block_on(tokio::time::timeout(opts.open_timeout, stream.message()));
+        match first.map_err(|_| timed_out("open a session"))? {
+            Ok(Some(pb::DraftResponse {
+                msg: Some(pb::draft_response::Msg::Opened(_)),
+            })) => {}
+            Ok(_) => {
+                return Err(ProposeError::Unavailable(
+                    "drafter closed the session".into(),
+                ))
+            }
+            Err(s) => return Err(to_propose_error(&s)),
+        }
+        member.active.fetch_add(1, Ordering::SeqCst);
+        Ok(Self {
+            member,
+            tx,
+            rx: stream,
+            handle,
+            opts: opts.clone(),
+            errors,
+        })
+    }
+
+    fn send(&self, msg: Msg) -> Result<(), ProposeError> {
+        self.handle
+            .block_on(self.tx.send(pb::DraftRequest { msg: Some(msg) }))
+            .map_err(|_| ProposeError::Unavailable("drafter stream closed".into()))
+    }
+}
+
+impl ProposerSession for RemoteSession {
+    fn extend(&mut self, rows: &SnapshotRows) -> Result<(), ProposeError> {
+        let sent = self.send(Msg::Rows(rows_to_pb(rows, self.opts.dtype)));
+        self.count(sent)
+    }
+
+    fn propose(&mut self, req: &ProposeRequest) -> Result<DraftBlock, ProposeError> {
+        let block = self.round_trip(req);
+        self.count(block)
+    }
+}
+
+impl RemoteSession {
+    fn count<T>(&self, r: Result<T, ProposeError>) -> Result<T, ProposeError> {
+        if r.is_err() {
+            self.errors.increment(1);
+        }
+        r
+    }
+
+    fn round_trip(&mut self, req: &ProposeRequest) -> Result<DraftBlock, ProposeError> {
+        self.send(Msg::Propose(pb::Propose {
+            anchor: req.anchor,
+            position: req.position as u64,
+            gamma: req.gamma as u32,
+        }))?;
+        let next = self
+            .handle
+            .block_on(tokio::time::timeout(
+                self.opts.propose_timeout,
+                self.rx.message(),
+            ))
+            .map_err(|_| timed_out("answer"))?;
+        match next {
+            Ok(Some(pb::DraftResponse {
+                msg: Some(pb::draft_response::Msg::Block(b)),
+            })) => Ok(b.into()),
+            Ok(_) => Err(ProposeError::Unavailable(
+                "drafter ended the session".into(),
+            )),
+            Err(s) => Err(to_propose_error(&s)),
+        }
+    }
+}
+
+impl Drop for RemoteSession {
+    fn drop(&mut self) {
+        self.member.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,284 @@
+//! The `tandem.v1.Generation` service: thin handlers that parse a request, admit it
+//! (concurrency slots and a KV-cache budget), run the engine on a blocking thread and stream
+//! its chunks through a bounded channel. A client that goes away ends the generation at its
+//! next chunk; its KV cache and its drafter session are freed with it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tandem_core::{FinishReason, Proposer};
+use tandem_engine::{Engine, GenerationRequest, Outcome, Update};
+use tandem_proto::codec::sampling_from_pb;
+use tandem_proto::v1 as pb;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::admission::Admission;
+use crate::error::VerifierError;
+use crate::metrics::VerifierMetrics;
+use crate::pool::DrafterPool;
+
+/// Chunks buffered per stream before the engine waits for the client.
+const STREAM_BUFFER: usize = 16;
+/// Most stop strings per request, and their longest length in bytes.
+const MAX_STOPS: usize = 16;
+const MAX_STOP_BYTES: usize = 256;
+
+/// Request defaults and limits.
+#[derive(Debug, Clone)]
+pub struct VerifierConfig {
+    /// Tokens drafted per round (capped per request by `max_gamma`).
+    pub gamma: usize,
+    /// `max_tokens` when a request gives none.
+    pub default_max_tokens: usize,
+    /// The target's identity, reported by GetModelInfo.
+    pub target: pb::TargetIdentity,
+}
+
+struct Inner {
+    engine: Engine,
+    pool: Option<Arc<DrafterPool>>,
+    cfg: VerifierConfig,
+    metrics: Arc<VerifierMetrics>,
+    admission: Admission,
+}
+
+/// The client-facing gRPC service.
+#[derive(Clone)]
+pub struct GenerationService {
+    inner: Arc<Inner>,
+}
+
+impl GenerationService {
+    /// A service over `engine`, drafting through `pool` when given.
+    pub fn new(
+        engine: Engine,
+        pool: Option<Arc<DrafterPool>>,
+        cfg: VerifierConfig,
+        metrics: Arc<VerifierMetrics>,
+        admission: Admission,
+    ) -> Self {
+        let inner = Inner {
+            engine,
+            pool,
+            cfg,
+            metrics,
+            admission,
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The engine (for warm-up).
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+}
+
+type GenerateStream = ReceiverStream<Result<pb::GenerateResponse, Status>>;
+
+#[tonic::async_trait]
+impl pb::generation_server::Generation for GenerationService {
+    type GenerateStream = GenerateStream;
+
+    async fn generate(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<Response<GenerateStream>, Status> {
+        let started = Instant::now();
+        let inner = Arc::clone(&self.inner);
+        let (req, speculative) = inner.parse(request.into_inner()).inspect_err(|e| {
+            tracing::debug!("refused: {e}");
+        })?;
+        let proposer = inner
+            .pool
+            .clone()
+            .filter(|p| speculative && p.max_gamma() > 0);
+        let gamma = proposer
+            .as_ref()
+            .map_or(0, |p| req.gamma.min(p.max_gamma()));
+        let permit = inner
+            .admission
+            .admit(inner.engine.cache_bytes(&req, gamma))
+            .await?;
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            inner.run(&req, proposer.as_deref(), &tx, started);
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn get_model_info(
+        &self,
+        _: Request<pb::GetModelInfoRequest>,
+    ) -> Result<Response<pb::ModelInfo>, Status> {
+        let cfg = self.inner.engine.model().config();
+        let pool = self.inner.pool.as_ref();
+        Ok(Response::new(pb::ModelInfo {
+            target: Some(self.inner.cfg.target.clone()),
+            vocab_size: cfg.vocab_size as u32,
+            hidden_size: cfg.hidden_size as u32,
+            num_layers: cfg.num_hidden_layers as u32,
+            max_context: cfg.max_position_embeddings as u32,
+            speculative: pool.is_some_and(|p| p.max_gamma() > 0),
+            max_gamma: pool.map_or(0, |p| self.inner.cfg.gamma.min(p.max_gamma())) as u32,
+            drafters: pool.map_or_else(Vec::new, |p| p.endpoints().to_vec()),
+        }))
+    }
+}
+
+impl Inner {
+    /// A request as the engine takes it, and whether it asks for speculation.
+    fn parse(&self, r: pb::GenerateRequest) -> Result<(GenerationRequest, bool), VerifierError> {
+        let invalid = |m: String| VerifierError::InvalidArgument(m);
+        let prompt = match r.prompt {
+            Some(pb::generate_request::Prompt::Text(t)) if !t.is_empty() => self
+                .engine
+                .tokenizer()
+                .encode(&t, true)
+                .map_err(|e| invalid(e.to_string()))?,
+            Some(pb::generate_request::Prompt::TokenIds(ids)) if !ids.ids.is_empty() => ids.ids,
+            _ => {
+                return Err(invalid(
+                    "the prompt is empty: give text or token_ids".into(),
+                ))
+            }
+        };
+        let sampling = sampling_from_pb(r.sampling.as_ref());
+        sampling.validate().map_err(|e| invalid(e.to_string()))?;
+        let max_tokens = r
+            .max_tokens
+            .map_or(self.cfg.default_max_tokens, |m| m as usize);
+        let context = self.engine.model().config().max_position_embeddings;
+        if max_tokens == 0 {
+            return Err(invalid("max_tokens must be at least 1".into()));
+        }
+        if prompt.len() + max_tokens > context {
+            return Err(invalid(format!(
+                "prompt ({} tokens) + max_tokens ({max_tokens}) exceeds the context limit of {context}",
+                prompt.len()
+            )));
+        }
+        if r.stop.len() > MAX_STOPS || r.stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(invalid(format!(
+                "at most {MAX_STOPS} stop strings of {MAX_STOP_BYTES} bytes each"
+            )));
+        }
+        let gamma = r
+            .max_gamma
+            .map_or(self.cfg.gamma, |g| self.cfg.gamma.min(g as usize));
+        let req = GenerationRequest {
+            prompt,
+            max_tokens,
+            sampling,
+            stop_strings: r.stop,
+            ignore_eos: r.ignore_eos,
+            gamma,
+        };
+        self.engine.check(&req)?;
+        Ok((req, r.speculative.unwrap_or(true) && gamma > 0))
+    }
+
+    /// Runs one admitted generation, streaming into `tx`.
+    fn run(
+        &self,
+        req: &GenerationRequest,
+        proposer: Option<&DrafterPool>,
+        tx: &mpsc::Sender<Result<pb::GenerateResponse, Status>>,
+        started: Instant,
+    ) {
+        let m = &self.metrics;
+        m.active_sessions.increment(1.0);
+        let mut timer = ChunkTimer {
+            started,
+            last: None,
+        };
+        let result = self.engine.generate(
+            req,
+            proposer.map(|p| p as &dyn Proposer),
+            &mut |u: &Update| {
+                if let Some(r) = &u.round {
+                    m.round(r);
+                }
+                timer.observe(m, u.chunk.tokens.len());
+                let msg = pb::GenerateResponse {
+                    token_ids: u.chunk.tokens.clone(),
+                    text: u.chunk.text.clone(),
+                    finished: None,
+                };
+                match tx.blocking_send(Ok(msg)) {
+                    Ok(()) => std::ops::ControlFlow::Continue(()),
+                    Err(_) => std::ops::ControlFlow::Break(()),
+                }
+            },
+        );
+        m.active_sessions.decrement(1.0);
+        match result {
+            Ok(out) => {
+                m.finished(&out, started.elapsed().as_secs_f64());
+                let _ = tx.blocking_send(Ok(finished_message(&out, started)));
+            }
+            Err(e) => {
+                m.request(FinishReason::Error);
+                tracing::error!("generation failed: {e}");
+                let _ = tx.blocking_send(Err(Status::from(VerifierError::Engine(e))));
+            }
+        }
+    }
+}
+
+/// Time to the first token, then the time between chunks spread over their tokens.
+struct ChunkTimer {
+    started: Instant,
+    last: Option<Instant>,
+}
+
+impl ChunkTimer {
+    fn observe(&mut self, m: &VerifierMetrics, tokens: usize) {
+        if tokens == 0 {
+            return;
+        }
+        let now = Instant::now();
+        match self.last {
+            None => m
+                .ttft
+                .record(now.duration_since(self.started).as_secs_f64()),
+            Some(last) => {
+                let per_token = now.duration_since(last).as_secs_f64() / tokens as f64;
+                (0..tokens).for_each(|_| m.itl.record(per_token));
+            }
+        }
+        self.last = Some(now);
+    }
+}
+
+fn finished_message(out: &Outcome, started: Instant) -> pb::GenerateResponse {
+    let s = &out.spec;
+    let finished = pb::Finished {
+        reason: pb::FinishReason::from(out.finish) as i32,
+        usage: Some(pb::Usage {
+            prompt_tokens: out.prompt_tokens as u32,
+            completion_tokens: out.tokens.len() as u32,
+        }),
+        speculation: Some(pb::SpeculationStats {
+            drafts: s.drafts,
+            draft_tokens: s.draft_tokens,
+            accepted_tokens: s.accepted_tokens,
+            mean_acceptance_length: s.mean_acceptance_length().unwrap_or(0.0),
+            accepted_per_position: s.accepted_per_position.clone(),
+            draft_seconds: s.draft_s,
+            verify_seconds: s.verify_s,
+            proposer_failures: s.proposer_failures,
+        }),
+        ttft_seconds: out.timing.ttft_s,
+        total_seconds: started.elapsed().as_secs_f64(),
+    };
+    pb::GenerateResponse {
+        token_ids: Vec::new(),
+        text: String::new(),
+        finished: Some(finished),
+    }
+}
