@@ -122,6 +122,7 @@ pub struct DrafterPool {
     agreed: RwLock<Option<Agreed>>,
     metrics: Arc<VerifierMetrics>,
     handle: Handle,
+    turn: AtomicUsize,
 }
 
 impl DrafterPool {
@@ -143,6 +144,7 @@ impl DrafterPool {
             agreed: RwLock::new(None),
             metrics,
             handle,
+            turn: AtomicUsize::new(0),
         })
     }
 
@@ -290,7 +292,7 @@ impl DrafterPool {
         }
     }
 
-    /// Healthy members, least loaded first.
+    /// Healthy members, least loaded first; equally loaded ones in turns.
     fn candidates(&self) -> Vec<Arc<Member>> {
         let mut m: Vec<Arc<Member>> = self
             .members
@@ -299,6 +301,10 @@ impl DrafterPool {
             .into_iter()
             .filter(|m| m.healthy.load(Ordering::SeqCst))
             .collect();
+        if !m.is_empty() {
+            let turn = self.turn.fetch_add(1, Ordering::Relaxed) % m.len();
+            m.rotate_left(turn);
+        }
         m.sort_by_key(|m| m.active.load(Ordering::SeqCst));
         m
     }

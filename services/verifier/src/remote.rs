@@ -62,7 +62,8 @@ fn timed_out(what: &str) -> ProposeError {
 }
 
 impl RemoteSession {
-    /// Opens a stream on `member` and waits for the drafter to accept it.
+    /// Opens a stream on `member` and waits for the drafter to accept it. The member counts
+    /// the session from the start of the attempt, so concurrent opens spread out.
     pub fn open(
         member: Arc<Member>,
         sampling: &SamplingParams,
@@ -70,6 +71,30 @@ impl RemoteSession {
         handle: Handle,
         errors: Counter,
     ) -> Result<Self, ProposeError> {
+        member.active.fetch_add(1, Ordering::SeqCst);
+        let opened = Self::connect(&member, sampling, opts, &handle);
+        match opened {
+            Ok((tx, rx)) => Ok(Self {
+                member,
+                tx,
+                rx,
+                handle,
+                opts: opts.clone(),
+                errors,
+            }),
+            Err(e) => {
+                member.active.fetch_sub(1, Ordering::SeqCst);
+                Err(e)
+            }
+        }
+    }
+
+    fn connect(
+        member: &Member,
+        sampling: &SamplingParams,
+        opts: &SessionOptions,
+        handle: &Handle,
+    ) -> Result<(mpsc::Sender<pb::DraftRequest>, Streaming<pb::DraftResponse>), ProposeError> {
         let (tx, rx) = mpsc::channel(REQUEST_BUFFER);
         let open = Msg::Open(pb::Open {
             target: Some(opts.target.clone()),
@@ -96,15 +121,7 @@ impl RemoteSession {
             }
             Err(s) => return Err(to_propose_error(&s)),
         }
-        member.active.fetch_add(1, Ordering::SeqCst);
-        Ok(Self {
-            member,
-            tx,
-            rx: stream,
-            handle,
-            opts: opts.clone(),
-            errors,
-        })
+        Ok((tx, stream))
     }
 
     fn send(&self, msg: Msg) -> Result<(), ProposeError> {

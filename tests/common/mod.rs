@@ -1,0 +1,342 @@
+//! Shared harness of the end-to-end tests: the real Gemma 3 270M (fetched by
+//! scripts/fetch-models.sh; tests never download), a randomly initialised DSpark drafter,
+//! and real drafter and verifier servers on 127.0.0.1:0 with their /metrics endpoints.
+#![allow(missing_docs, clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tandem_core::Proposer;
+use tandem_drafter::{DrafterConfig, DrafterMetrics, DrafterService};
+use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
+use tandem_engine::Engine;
+use tandem_gemma::Gemma3;
+use tandem_proto::v1 as pb;
+use tandem_telemetry::Registry;
+use tandem_tokenizer::GemmaTokenizer;
+use tandem_verifier::{
+    Admission, DrafterPool, GenerationService, PoolConfig, SessionOptions, VerifierConfig,
+    VerifierMetrics,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub fn models_dir() -> PathBuf {
+    std::env::var_os("TANDEM_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tandem/models")
+        })
+}
+
+fn existing(rel: &str) -> PathBuf {
+    let p = models_dir().join(rel);
+    assert!(
+        p.is_file(),
+        "{} missing: run scripts/fetch-models.sh first",
+        p.display()
+    );
+    p
+}
+
+/// The real target and tokenizer, loaded once per test binary.
+pub fn engine() -> Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let model =
+                Gemma3::load(&existing("gemma-3-270m/gemma-3-270m-q4_k_m.gguf")).expect("model");
+            let tok = GemmaTokenizer::from_file(&existing("gemma-3-tokenizer/tokenizer.json"))
+                .expect("tokenizer");
+            Engine::new(Arc::new(model), Arc::new(tok))
+        })
+        .clone()
+}
+
+/// The target's identity on the wire.
+pub fn target() -> pb::TargetIdentity {
+    let t = engine().model().head().identity().expect("identity");
+    pb::TargetIdentity {
+        architecture: t.architecture,
+        embedding_hash: t.embedding_hash,
+    }
+}
+
+/// A randomly initialised small DSpark drafter for the real target (the same weights
+/// every call).
+pub fn random_drafter() -> Arc<DsparkProposer> {
+    static DRAFTER: OnceLock<Arc<DsparkProposer>> = OnceLock::new();
+    DRAFTER
+        .get_or_init(|| {
+            let head = engine().model().head();
+            let model =
+                Dspark::init(DsparkConfig::small(&TargetDims::of(&head)), &head, 7).expect("init");
+            Arc::new(DsparkProposer::new(Arc::new(model), &head).expect("proposer"))
+        })
+        .clone()
+}
+
+/// A running server.
+pub struct Node {
+    /// gRPC endpoint, `http://127.0.0.1:port`.
+    pub url: String,
+    /// /metrics address.
+    pub metrics: SocketAddr,
+    stop: watch::Sender<bool>,
+}
+
+impl Node {
+    /// Asks the server to shut down.
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn listeners(host: &str) -> (TcpListener, TcpListener) {
+    (
+        TcpListener::bind(format!("{host}:0")).await.unwrap(),
+        TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    )
+}
+
+fn stopper() -> (
+    watch::Sender<bool>,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let (tx, mut rx) = watch::channel(false);
+    (tx, async move {
+        let _ = rx.wait_for(|s| *s).await;
+    })
+}
+
+/// Starts a drafter serving `proposer` as a drafter for `target` on `host` (an IP).
+pub async fn start_drafter_on(
+    host: &str,
+    proposer: Arc<dyn Proposer>,
+    target: pb::TargetIdentity,
+) -> Node {
+    let (grpc, metrics) = listeners(host).await;
+    let (url, metrics_addr) = (
+        format!("http://{}", grpc.local_addr().unwrap()),
+        metrics.local_addr().unwrap(),
+    );
+    let registry = Arc::new(Registry::new());
+    let cfg = DrafterConfig {
+        target,
+        kind: "dspark".into(),
+        max_sessions: 64,
+    };
+    let service = DrafterService::new(proposer, cfg, DrafterMetrics::new(Arc::clone(&registry)));
+    let (stop, shutdown) = stopper();
+    tokio::spawn(tandem_drafter::serve(
+        service, registry, grpc, metrics, shutdown,
+    ));
+    wait_serving(&url).await;
+    Node {
+        url,
+        metrics: metrics_addr,
+        stop,
+    }
+}
+
+/// Starts a drafter with the random DSpark drafter for the real target on 127.0.0.1.
+pub async fn start_drafter() -> Node {
+    start_drafter_on("127.0.0.1", random_drafter(), target()).await
+}
+
+/// Verifier settings for tests.
+pub struct VerifierSetup {
+    pub drafters: Vec<String>,
+    pub gamma: usize,
+    pub max_concurrent: usize,
+    pub refresh: Option<Duration>,
+}
+
+impl Default for VerifierSetup {
+    fn default() -> Self {
+        Self {
+            drafters: Vec::new(),
+            gamma: 8,
+            max_concurrent: 8,
+            refresh: None,
+        }
+    }
+}
+
+/// Builds the verifier's drafter pool (refreshed once).
+pub async fn pool(
+    setup: &VerifierSetup,
+    metrics: &Arc<VerifierMetrics>,
+) -> Result<Arc<DrafterPool>, tandem_verifier::VerifierError> {
+    let cfg = engine().model().config().clone();
+    let pool_cfg = PoolConfig {
+        endpoints: setup.drafters.clone(),
+        session: SessionOptions {
+            target: target(),
+            open_timeout: Duration::from_secs(5),
+            propose_timeout: Duration::from_secs(10),
+            dtype: pb::Dtype::Bf16,
+        },
+        hidden: cfg.hidden_size,
+        layers: cfg.num_hidden_layers,
+    };
+    let pool = Arc::new(DrafterPool::new(
+        pool_cfg,
+        Arc::clone(metrics),
+        tokio::runtime::Handle::current(),
+    )?);
+    pool.refresh().await?;
+    if let Some(every) = setup.refresh {
+        pool.spawn_refresh(every);
+    }
+    Ok(pool)
+}
+
+/// Starts a verifier over the real target.
+pub async fn start_verifier(setup: VerifierSetup) -> Node {
+    let (grpc, metrics) = listeners("127.0.0.1").await;
+    let (url, metrics_addr) = (
+        format!("http://{}", grpc.local_addr().unwrap()),
+        metrics.local_addr().unwrap(),
+    );
+    let registry = Arc::new(Registry::new());
+    let m = Arc::new(VerifierMetrics::new(&registry, setup.gamma));
+    let pool = if setup.drafters.is_empty() {
+        None
+    } else {
+        Some(pool(&setup, &m).await.expect("pool"))
+    };
+    let admission = Admission::new(setup.max_concurrent, 1 << 30, Arc::clone(&m));
+    let cfg = VerifierConfig {
+        gamma: setup.gamma,
+        default_max_tokens: 64,
+        target: target(),
+    };
+    let service = GenerationService::new(engine(), pool, cfg, m, admission);
+    let (stop, shutdown) = stopper();
+    tokio::spawn(tandem_verifier::serve(
+        service, registry, grpc, metrics, shutdown,
+    ));
+    wait_serving(&url).await;
+    Node {
+        url,
+        metrics: metrics_addr,
+        stop,
+    }
+}
+
+/// The health status of the server at `url` ("" service).
+pub async fn health(url: &str) -> i32 {
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+        .unwrap()
+        .connect_lazy();
+    HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .map_or(-1, |r| r.into_inner().status)
+}
+
+/// Waits until the server at `url` reports SERVING.
+pub async fn wait_serving(url: &str) {
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    for _ in 0..600 {
+        if health(url).await == serving {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{url} never became SERVING");
+}
+
+/// Fetches and parses a /metrics page: series (name with labels) → value. Panics on a line
+/// that is not Prometheus text.
+pub async fn scrape(addr: SocketAddr) -> BTreeMap<String, f64> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_lowercase().contains("content-type: text/plain"),
+        "{head}"
+    );
+    body.lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (series, value) = l
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("bad line {l:?}"));
+            let name = series.split('{').next().unwrap_or("");
+            assert!(
+                name.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+                "bad name {l:?}"
+            );
+            (
+                series.to_string(),
+                value
+                    .parse::<f64>()
+                    .unwrap_or_else(|_| panic!("bad value {l:?}")),
+            )
+        })
+        .collect()
+}
+
+/// Sum of every series of `name` (any labels).
+pub fn total(m: &BTreeMap<String, f64>, name: &str) -> f64 {
+    m.iter()
+        .filter(|(k, _)| k.as_str() == name || k.starts_with(&format!("{name}{{")))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// A greedy request for `prompt`.
+pub fn request(prompt: &str, max_tokens: u32, speculative: bool) -> pb::GenerateRequest {
+    pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::Text(prompt.into())),
+        sampling: None,
+        max_tokens: Some(max_tokens),
+        stop: Vec::new(),
+        ignore_eos: true,
+        speculative: Some(speculative),
+        max_gamma: None,
+    }
+}
+
+/// Runs a generation to its end: all token ids, the text and the finish message.
+pub async fn generate(
+    url: &str,
+    req: pb::GenerateRequest,
+) -> Result<(Vec<u32>, String, pb::Finished), tonic::Status> {
+    let mut client = pb::generation_client::GenerationClient::connect(url.to_string())
+        .await
+        .unwrap();
+    let mut stream = client.generate(req).await?.into_inner();
+    let (mut ids, mut text) = (Vec::new(), String::new());
+    while let Some(msg) = stream.message().await? {
+        ids.extend(msg.token_ids);
+        text.push_str(&msg.text);
+        if let Some(f) = msg.finished {
+            return Ok((ids, text, f));
+        }
+    }
+    Err(tonic::Status::internal(
+        "stream ended without a finish message",
+    ))
+}
