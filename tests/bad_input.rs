@@ -4,6 +4,7 @@
 //! ids outside the vocabulary), at the drafter (a session that was never opened, context
 //! rows of the wrong byte length, dtype or shape, a verifier of another target), and a
 //! verifier refusing a drafter made for another target.
+#![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 

@@ -2,6 +2,7 @@
 //! a randomly initialised DSpark drafter: greedy output through verifier + two drafters
 //! equals in-process speculative output equals plain output for 8 concurrent sessions;
 //! health, metrics and their invariants; a cancelled client frees its session on both sides.
+#![allow(clippy::unwrap_used)]
 
 use std::ops::ControlFlow;
 use std::time::Duration;
