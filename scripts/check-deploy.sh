@@ -187,8 +187,6 @@ assert s["verifier"]["environment"]["TANDEM_DRAFTERS"] == "http://drafter-1:5005
 for name, svc in s.items():
     for dep in svc.get("depends_on") or []:
         assert dep in s, f"{name} depends on unknown {dep}"
-for name in c.get("volumes") or {}:
-    pass
 print("compose services:", sorted(s))
 EOF
 }
