@@ -271,11 +271,11 @@ async fn a_verifier_refuses_a_drafter_made_for_another_target() {
     let d = start_drafter_on("127.0.0.1", random_drafter() as Arc<dyn Proposer>, other).await;
     let registry = Arc::new(tandem_telemetry::Registry::new());
     let metrics = Arc::new(tandem_verifier::VerifierMetrics::new(&registry, 8));
-    let setup = VerifierSetup {
+    let mut setup = VerifierSetup {
         drafters: vec![d.url.clone()],
         ..Default::default()
     };
-    let err = pool(&setup, &metrics).await.err().expect("refused");
+    let err = pool(&mut setup, &metrics).await.err().expect("refused");
     let msg = err.to_string();
     assert!(
         msg.contains("another target") && msg.contains(&d.url),

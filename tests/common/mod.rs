@@ -18,7 +18,7 @@ use tandem_proto::v1 as pb;
 use tandem_telemetry::Registry;
 use tandem_tokenizer::GemmaTokenizer;
 use tandem_verifier::{
-    Admission, DrafterPool, GenerationService, PoolConfig, SessionOptions, VerifierConfig,
+    Admission, DrafterPool, GenerationService, PoolConfig, Resolve, SessionOptions, VerifierConfig,
     VerifierMetrics,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -160,6 +160,7 @@ pub struct VerifierSetup {
     pub gamma: usize,
     pub max_concurrent: usize,
     pub refresh: Option<Duration>,
+    pub resolver: Option<Box<dyn Resolve>>,
 }
 
 impl Default for VerifierSetup {
@@ -169,13 +170,14 @@ impl Default for VerifierSetup {
             gamma: 8,
             max_concurrent: 8,
             refresh: None,
+            resolver: None,
         }
     }
 }
 
 /// Builds the verifier's drafter pool (refreshed once).
 pub async fn pool(
-    setup: &VerifierSetup,
+    setup: &mut VerifierSetup,
     metrics: &Arc<VerifierMetrics>,
 ) -> Result<Arc<DrafterPool>, tandem_verifier::VerifierError> {
     let cfg = engine().model().config().clone();
@@ -190,11 +192,15 @@ pub async fn pool(
         hidden: cfg.hidden_size,
         layers: cfg.num_hidden_layers,
     };
-    let pool = Arc::new(DrafterPool::new(
+    let mut pool = DrafterPool::new(
         pool_cfg,
         Arc::clone(metrics),
         tokio::runtime::Handle::current(),
-    )?);
+    )?;
+    if let Some(r) = setup.resolver.take() {
+        pool = pool.with_resolver(r);
+    }
+    let pool = Arc::new(pool);
     pool.refresh().await?;
     if let Some(every) = setup.refresh {
         pool.spawn_refresh(every);
@@ -203,7 +209,7 @@ pub async fn pool(
 }
 
 /// Starts a verifier over the real target.
-pub async fn start_verifier(setup: VerifierSetup) -> Node {
+pub async fn start_verifier(mut setup: VerifierSetup) -> Node {
     let (grpc, metrics) = listeners("127.0.0.1").await;
     let (url, metrics_addr) = (
         format!("http://{}", grpc.local_addr().unwrap()),
@@ -214,7 +220,7 @@ pub async fn start_verifier(setup: VerifierSetup) -> Node {
     let pool = if setup.drafters.is_empty() {
         None
     } else {
-        Some(pool(&setup, &m).await.expect("pool"))
+        Some(pool(&mut setup, &m).await.expect("pool"))
     };
     let admission = Admission::new(setup.max_concurrent, 1 << 30, Arc::clone(&m));
     let cfg = VerifierConfig {

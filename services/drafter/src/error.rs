@@ -36,6 +36,16 @@ impl From<DecodeError> for DrafterError {
 }
 
 impl DrafterError {
+    /// Every value of [`DrafterError::error_type`].
+    pub const TYPES: [&'static str; 6] = [
+        "unknown_session",
+        "target_mismatch",
+        "busy",
+        "invalid",
+        "propose_invalid",
+        "propose_unavailable",
+    ];
+
     /// A short, bounded name for metric labels.
     pub fn error_type(&self) -> &'static str {
         match self {

@@ -4,6 +4,11 @@ use std::sync::Arc;
 
 use tandem_telemetry::{Counter, Gauge, Histogram, Registry};
 
+use crate::error::DrafterError;
+
+const ERRORS: &str = "tandem_drafter_errors_total";
+const ERRORS_HELP: &str = "Drafting sessions ended by an error, by type.";
+
 /// Handles of every drafter metric.
 pub struct DrafterMetrics {
     /// Blocks drafted.
@@ -22,9 +27,13 @@ pub struct DrafterMetrics {
 }
 
 impl DrafterMetrics {
-    /// Registers the drafter's metrics in `registry`.
+    /// Registers the drafter's metrics in `registry` (error counters of every type at 0).
     pub fn new(registry: Arc<Registry>) -> Self {
         let r = &registry;
+        for t in DrafterError::TYPES {
+            r.counter(ERRORS, ERRORS_HELP, &[("error_type", t.to_string())])
+                .increment(0);
+        }
         Self {
             blocks: r.counter("tandem_drafter_blocks_total", "Blocks drafted.", &[]),
             draft_tokens: r.counter("tandem_drafter_draft_tokens_total", "Tokens drafted.", &[]),
@@ -52,8 +61,8 @@ impl DrafterMetrics {
     pub fn error(&self, error_type: &'static str) {
         self.registry
             .counter(
-                "tandem_drafter_errors_total",
-                "Drafting sessions ended by an error, by type.",
+                ERRORS,
+                ERRORS_HELP,
                 &[("error_type", error_type.to_string())],
             )
             .increment(1);

@@ -14,7 +14,7 @@ mod service;
 pub use admission::Admission;
 pub use error::VerifierError;
 pub use metrics::VerifierMetrics;
-pub use pool::{DrafterPool, PoolConfig, Source};
+pub use pool::{DrafterPool, Lookup, PoolConfig, Resolve, Source, SystemResolver};
 pub use remote::SessionOptions;
 pub use server::{serve, warm_up, ServeError};
 pub use service::{GenerationService, VerifierConfig};

@@ -5,6 +5,9 @@
 //! loaded healthy drafter and stay there; endpoints that disappear keep serving the sessions
 //! they already have until those end.
 
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -67,12 +70,14 @@ impl Source {
         Err(bad())
     }
 
-    async fn urls(&self) -> std::io::Result<Vec<String>> {
+    async fn urls(&self, resolver: &dyn Resolve) -> std::io::Result<Vec<String>> {
         match self {
             Self::Static(u) => Ok(vec![u.clone()]),
             Self::Dns { host, port } => {
-                let mut urls: Vec<String> = tokio::net::lookup_host((host.as_str(), *port))
+                let mut urls: Vec<String> = resolver
+                    .resolve(host, *port)
                     .await?
+                    .into_iter()
                     .map(|a| format!("http://{a}"))
                     .collect();
                 urls.sort();
@@ -80,6 +85,24 @@ impl Source {
                 Ok(urls)
             }
         }
+    }
+}
+
+/// Future of a name lookup.
+pub type Lookup<'a> = Pin<Box<dyn Future<Output = std::io::Result<Vec<SocketAddr>>> + Send + 'a>>;
+
+/// Turns a DNS name into addresses.
+pub trait Resolve: Send + Sync {
+    /// The addresses of `host`, each with `port`.
+    fn resolve<'a>(&'a self, host: &'a str, port: u16) -> Lookup<'a>;
+}
+
+/// The system resolver (getaddrinfo: /etc/hosts, DNS, a Kubernetes headless Service).
+pub struct SystemResolver;
+
+impl Resolve for SystemResolver {
+    fn resolve<'a>(&'a self, host: &'a str, port: u16) -> Lookup<'a> {
+        Box::pin(async move { Ok(tokio::net::lookup_host((host, port)).await?.collect()) })
     }
 }
 
@@ -123,6 +146,7 @@ pub struct DrafterPool {
     metrics: Arc<VerifierMetrics>,
     handle: Handle,
     turn: AtomicUsize,
+    resolver: Box<dyn Resolve>,
 }
 
 impl DrafterPool {
@@ -145,7 +169,14 @@ impl DrafterPool {
             metrics,
             handle,
             turn: AtomicUsize::new(0),
+            resolver: Box::new(SystemResolver),
         })
+    }
+
+    /// The pool with names resolved by `resolver` instead of the system's.
+    pub fn with_resolver(mut self, resolver: Box<dyn Resolve>) -> Self {
+        self.resolver = resolver;
+        self
     }
 
     /// Endpoints as configured.
@@ -164,7 +195,7 @@ impl DrafterPool {
             .read()
             .map_or_else(|p| p.into_inner().clone(), |m| m.clone());
         for (i, source) in self.sources.iter().enumerate() {
-            let urls = match source.urls().await {
+            let urls = match source.urls(self.resolver.as_ref()).await {
                 Ok(urls) => urls,
                 Err(e) => {
                     tracing::warn!("cannot resolve drafters {source:?}: {e}");
