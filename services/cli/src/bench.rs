@@ -29,6 +29,8 @@ set in motion millions of instructions across processors, memories and networks.
 enum BenchKind {
     /// The target model alone.
     Target(TargetArgs),
+    /// The verifier-drafter overhead: speculation in process versus over gRPC on loopback.
+    Rpc(crate::bench_rpc::RpcArgs),
 }
 
 /// Flags of `tandem bench`.
@@ -91,6 +93,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 pub fn run(args: BenchArgs) -> Result<()> {
     match args.kind {
         BenchKind::Target(a) => target(a),
+        BenchKind::Rpc(a) => crate::bench_rpc::run(a),
     }
 }
 

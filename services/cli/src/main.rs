@@ -1,6 +1,7 @@
 //! `tandem`: run Gemma generations and benchmarks from the command line.
 
 mod bench;
+mod bench_rpc;
 mod client;
 mod drafter;
 mod generate;

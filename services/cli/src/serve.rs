@@ -88,6 +88,26 @@ pub struct VerifierOptions {
     propose_timeout_ms: u64,
 }
 
+impl Default for DrafterOptions {
+    fn default() -> Self {
+        Self { max_sessions: 64 }
+    }
+}
+
+impl VerifierOptions {
+    /// The defaults of the flags, with `gamma`.
+    pub(crate) fn with_gamma(gamma: usize) -> Self {
+        Self {
+            gamma,
+            max_concurrent: 4,
+            kv_cache_bytes: 4 << 30,
+            default_max_tokens: 256,
+            drafter_refresh_seconds: 10,
+            propose_timeout_ms: 2000,
+        }
+    }
+}
+
 /// Flags of `tandem up`.
 #[derive(Args, Debug)]
 pub struct UpArgs {
@@ -113,7 +133,7 @@ pub struct UpArgs {
     models: ModelArgs,
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?)
@@ -152,7 +172,7 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-fn drafter_service(
+pub(crate) fn drafter_service(
     drafter: &DrafterArgs,
     models: &ModelArgs,
     opts: &DrafterOptions,
@@ -181,7 +201,7 @@ pub fn drafter(a: DrafterServeArgs) -> Result<()> {
     })
 }
 
-async fn verifier_service(
+pub(crate) async fn verifier_service(
     models: &ModelArgs,
     drafters: Vec<String>,
     o: &VerifierOptions,
@@ -266,7 +286,7 @@ pub fn up(a: UpArgs) -> Result<()> {
 }
 
 /// Waits until the drafter at `endpoint` reports SERVING (after its warm-up).
-async fn wait_serving(endpoint: &str) -> Result<()> {
+pub(crate) async fn wait_serving(endpoint: &str) -> Result<()> {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
     let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())?.connect_lazy();

@@ -70,6 +70,30 @@ fn speculative_generation_reports_acceptance_beside_plain() {
 }
 
 #[test]
+fn bench_rpc_reports_the_network_overhead() {
+    let json = std::env::temp_dir().join(format!("tandem-rpc-{}.json", std::process::id()));
+    let out = tandem(&[
+        "bench",
+        "rpc",
+        "--max-tokens",
+        "4",
+        "--gamma",
+        "2",
+        "--json",
+        json.to_str().expect("utf-8"),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json written")).expect("json");
+    std::fs::remove_file(&json).ok();
+    assert_eq!(report["requests"], 8);
+    assert!(report["grpc"]["rounds"].as_u64().expect("rounds") >= 8);
+    assert!(report["overhead_share_of_round"].as_f64().is_some());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("verifier-drafter overhead"), "{text}");
+}
+
+#[test]
 fn sampling_is_reproducible_with_a_seed() {
     let args = [
         "generate",
