@@ -23,7 +23,7 @@ pub struct Admission {
 /// Held while a generation runs; frees its slot and budget when dropped.
 pub struct Permit {
     _slot: OwnedSemaphorePermit,
-    _kv: OwnedSemaphorePermit,
+    held: OwnedSemaphorePermit,
     kv: Arc<Semaphore>,
     kv_kib: usize,
     metrics: Arc<VerifierMetrics>,
@@ -62,7 +62,7 @@ impl Admission {
         let closed = || VerifierError::Unavailable("the server is shutting down".into());
         let permit = Permit {
             _slot: slot.map_err(|_| closed())?,
-            _kv: kv.map_err(|_| closed())?,
+            held: kv.map_err(|_| closed())?,
             kv: Arc::clone(&self.kv),
             kv_kib: self.kv_kib,
             metrics: Arc::clone(&self.metrics),
@@ -90,8 +90,60 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        let held = self._kv.num_permits();
+        let held = self.held.num_permits();
         let used = self.kv_kib - self.kv.available_permits() - held;
         self.metrics.kv_usage.set(used as f64 / self.kv_kib as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tandem_telemetry::Registry;
+
+    fn admission(slots: usize, kib: usize) -> (Admission, Arc<Registry>) {
+        let registry = Arc::new(Registry::new());
+        let metrics = Arc::new(VerifierMetrics::new(&registry, 4));
+        (Admission::new(slots, kib * KIB, metrics), registry)
+    }
+
+    fn gauge(r: &Registry, name: &str) -> f64 {
+        let text = r.render();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_default();
+        line.rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    }
+
+    #[tokio::test]
+    async fn requests_wait_for_slots_and_budget_and_oversized_ones_are_refused() {
+        let (a, r) = admission(2, 100);
+        assert!(matches!(
+            a.admit(101 * KIB).await,
+            Err(VerifierError::ResourceExhausted(_))
+        ));
+        let first = a.admit(60 * KIB).await.expect("fits");
+        assert_eq!(gauge(&r, "tandem_kv_cache_usage_ratio"), 0.6);
+        let second = tokio::time::timeout(Duration::from_millis(50), a.admit(50 * KIB)).await;
+        assert!(second.is_err(), "waits while the budget is taken");
+        assert_eq!(
+            gauge(&r, "tandem_queued_requests"),
+            0.0,
+            "an abandoned wait is not queued"
+        );
+        drop(first);
+        assert_eq!(gauge(&r, "tandem_kv_cache_usage_ratio"), 0.0);
+        let (_b, _c) = (
+            a.admit(50 * KIB).await.expect("b"),
+            a.admit(50 * KIB).await.expect("c"),
+        );
+        assert_eq!(gauge(&r, "tandem_kv_cache_usage_ratio"), 1.0);
+        let third = tokio::time::timeout(Duration::from_millis(50), a.admit(KIB)).await;
+        assert!(third.is_err(), "both slots are taken");
     }
 }

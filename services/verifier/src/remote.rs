@@ -129,21 +129,7 @@ impl RemoteSession {
             .block_on(self.tx.send(pb::DraftRequest { msg: Some(msg) }))
             .map_err(|_| ProposeError::Unavailable("drafter stream closed".into()))
     }
-}
 
-impl ProposerSession for RemoteSession {
-    fn extend(&mut self, rows: &SnapshotRows) -> Result<(), ProposeError> {
-        let sent = self.send(Msg::Rows(rows_to_pb(rows, self.opts.dtype)));
-        self.count(sent)
-    }
-
-    fn propose(&mut self, req: &ProposeRequest) -> Result<DraftBlock, ProposeError> {
-        let block = self.round_trip(req);
-        self.count(block)
-    }
-}
-
-impl RemoteSession {
     fn count<T>(&self, r: Result<T, ProposeError>) -> Result<T, ProposeError> {
         if r.is_err() {
             self.errors.increment(1);
@@ -173,6 +159,18 @@ impl RemoteSession {
             )),
             Err(s) => Err(to_propose_error(&s)),
         }
+    }
+}
+
+impl ProposerSession for RemoteSession {
+    fn extend(&mut self, rows: &SnapshotRows) -> Result<(), ProposeError> {
+        let sent = self.send(Msg::Rows(rows_to_pb(rows, self.opts.dtype)));
+        self.count(sent)
+    }
+
+    fn propose(&mut self, req: &ProposeRequest) -> Result<DraftBlock, ProposeError> {
+        let block = self.round_trip(req);
+        self.count(block)
     }
 }
 
