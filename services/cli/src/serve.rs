@@ -179,6 +179,9 @@ pub(crate) fn drafter_service(
 ) -> Result<(DrafterService, Arc<Registry>)> {
     let head = models.load_head()?;
     let proposer = drafter.proposer(&head)?;
+    if drafter.drafter == "random" {
+        eprintln!("tandem: drafter is randomly initialised (--drafter random): output is exact, acceptance near zero");
+    }
     let registry = Arc::new(Registry::new());
     let cfg = DrafterConfig {
         target: identity_pb(&head.identity()?),
