@@ -85,7 +85,7 @@ def assistant_config(centroids: bool) -> Gemma4AssistantConfig:
         intermediate_size=48,
         num_hidden_layers=2,
         num_attention_heads=2,
-        num_key_value_heads=2,
+        num_key_value_heads=1,
         head_dim=16,
         global_head_dim=32,
         layer_types=["sliding_attention", "full_attention"],
