@@ -354,9 +354,12 @@ fn wrong_shape_is_a_clear_error() {
     }
 }
 
+/// A fixture, whether it is an assistant, a config change, and a phrase the error must hold.
+type ConfigCase = (&'static str, bool, fn(&mut serde_json::Value), &'static str);
+
 #[test]
 fn wrong_config_is_a_clear_error() {
-    let cases: [(&str, bool, fn(&mut serde_json::Value), &str); 4] = [
+    let cases: [ConfigCase; 4] = [
         (
             "target_ple",
             false,

@@ -226,7 +226,10 @@ fn check_donor(
     heads: usize,
 ) -> Result<()> {
     let kind = if l.spec.sliding { "sliding" } else { "full" };
-    if donor.head_dim != l.spec.head_dim || donor.kv_heads == 0 || heads % donor.kv_heads != 0 {
+    if donor.head_dim != l.spec.head_dim
+        || donor.kv_heads == 0
+        || !heads.is_multiple_of(donor.kv_heads)
+    {
         return Err(GemmaError::Request(format!(
             "row {r}: {kind} donor has {} key/value heads of {}, the assistant needs heads of {} \
              in groups of its {heads} query heads",

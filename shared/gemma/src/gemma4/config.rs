@@ -227,12 +227,12 @@ impl RawText {
                 },
             ),
         };
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(err(format!(
                 "layer {i}: head_dim {head_dim} must be even and > 0"
             )));
         }
-        if kv_heads == 0 || self.num_attention_heads % kv_heads != 0 {
+        if kv_heads == 0 || !self.num_attention_heads.is_multiple_of(kv_heads) {
             return Err(err(format!(
                 "layer {i}: {} query heads are not a multiple of {kv_heads} key/value heads",
                 self.num_attention_heads
@@ -433,7 +433,7 @@ impl AssistantConfig {
             self.centroid_intermediate_top_k,
             self.text.vocab_size,
         );
-        if c == 0 || v % c != 0 {
+        if c == 0 || !v.is_multiple_of(c) {
             return Err(err(format!(
                 "vocab_size {v} is not a multiple of {c} centroids"
             )));
@@ -442,5 +442,54 @@ impl AssistantConfig {
             return Err(err(format!("centroid top-k {k} must be in 1..={c}")));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEQV: &str = include_str!("../../tests/fixtures/gemma4/target_keqv/config.json");
+
+    /// Google's spelling (nested `text_config`, `global_head_dim`,
+    /// `num_global_key_value_heads`) resolves to what transformers' `per_layer_config` says.
+    #[test]
+    fn both_spellings_of_full_layer_geometry_agree() {
+        let ours = Gemma4Config::from_hf_json(KEQV).expect("transformers spelling");
+        let mut text: serde_json::Value = serde_json::from_str(KEQV).expect("json");
+        let obj = text.as_object_mut().expect("object");
+        obj.remove("per_layer_config");
+        obj.insert("global_head_dim".into(), 32.into());
+        obj.insert("num_global_key_value_heads".into(), 1.into());
+        let google = serde_json::json!({ "model_type": "gemma4", "text_config": text });
+        let theirs = Gemma4Config::from_hf_json(&google.to_string()).expect("google spelling");
+        assert_eq!(ours, theirs);
+        let full = ours.layers[2];
+        assert_eq!(
+            (full.sliding, full.head_dim, full.kv_heads, full.k_eq_v),
+            (false, 32, 1, true)
+        );
+        let sliding = ours.layers[3];
+        assert_eq!(
+            (sliding.head_dim, sliding.kv_heads, sliding.k_eq_v),
+            (16, 2, false)
+        );
+        assert_eq!(
+            (ours.donor_layer(true), ours.donor_layer(false)),
+            (Some(3), Some(2))
+        );
+        assert_eq!(ours.rope_full.partial_rotary_factor, 0.25);
+    }
+
+    #[test]
+    fn moe_and_unknown_rope_are_refused() {
+        let mut v: serde_json::Value = serde_json::from_str(KEQV).expect("json");
+        v["enable_moe_block"] = true.into();
+        let e = Gemma4Config::from_hf_json(&v.to_string()).expect_err("moe");
+        assert!(e.to_string().contains("enable_moe_block"), "{e}");
+        let mut v: serde_json::Value = serde_json::from_str(KEQV).expect("json");
+        v["rope_parameters"]["full_attention"]["rope_type"] = "yarn".into();
+        let e = Gemma4Config::from_hf_json(&v.to_string()).expect_err("yarn");
+        assert!(e.to_string().contains("yarn"), "{e}");
     }
 }
