@@ -1,6 +1,8 @@
-//! Gemma 3 text model for tandem: loading (GGUF with quantized weights kept quantized, or
+//! Gemma 3 and Gemma 4 text models for tandem: loading (GGUF with quantized weights kept quantized, or
 //! the HF safetensors layout), a forward over a block of tokens that returns logits and
 //! hidden-state taps, and a caller-owned KV cache that can be rolled back.
+//!
+//! Gemma 4 and its assistant drafter live in [`gemma4`] (HF safetensors, f32).
 //!
 //! The crate knows nothing of gRPC or sessions; the verifier owns caches and calls
 //! [`Gemma3::forward`].
@@ -9,6 +11,7 @@ mod attention;
 mod config;
 mod convert;
 mod error;
+pub mod gemma4;
 mod gguf_config;
 mod head;
 mod kv_cache;

@@ -163,6 +163,11 @@ impl HfSource {
             GemmaError::Config(reason) => GemmaError::format(&cfg_path, reason),
             other => other,
         })?;
+        Ok((Self::open_tensors(dir)?, cfg))
+    }
+
+    /// Maps the safetensors files of `dir` without reading its config.
+    pub(crate) fn open_tensors(dir: &Path) -> Result<Self> {
         let files = Self::shard_files(dir)?;
         // SAFETY: files are mapped read-only for the lifetime of the source.
         let tensors = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| {
@@ -171,13 +176,15 @@ impl HfSource {
                 format!("unreadable safetensors: {}", candle_message(&e)),
             )
         })?;
-        Ok((
-            Self {
-                dir: dir.to_path_buf(),
-                tensors,
-            },
-            cfg,
-        ))
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            tensors,
+        })
+    }
+
+    /// Whether the checkpoint has a tensor called `name`.
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.tensors.get(name).is_ok()
     }
 
     fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
@@ -215,20 +222,37 @@ impl HfSource {
         Ok(vec![single])
     }
 
-    fn load_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
+    /// Tensor `name`, which must have shape `expected`, as f32 values.
+    pub(crate) fn load_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
+        let t = self.load_checked(name, expected)?;
+        let t = t.to_dtype(candle_core::DType::F32)?.flatten_all()?;
+        Ok(t.to_vec1::<f32>()?)
+    }
+
+    /// Integer tensor `name`, which must have shape `expected`, as i64 values.
+    pub(crate) fn load_i64(&self, name: &str, expected: &[usize]) -> Result<Vec<i64>> {
+        let t = self.load_checked(name, expected)?;
+        if t.dtype().is_float() {
+            return Err(GemmaError::UnsupportedType {
+                tensor: name.to_string(),
+                dtype: format!("{:?} (integers expected)", t.dtype()),
+            });
+        }
+        let t = t.to_dtype(candle_core::DType::I64)?.flatten_all()?;
+        Ok(t.to_vec1::<i64>()?)
+    }
+
+    fn load_checked(&self, name: &str, expected: &[usize]) -> Result<candle_core::Tensor> {
         let view = self
             .tensors
             .get(name)
             .map_err(|_| GemmaError::MissingTensor(name.to_string()))?;
         check_shape(name, view.shape(), expected)?;
-        let t = self
-            .tensors
+        self.tensors
             .load(name, &candle_core::Device::Cpu)
             .map_err(|e| {
                 GemmaError::format(&self.dir, format!("tensor {name}: {}", candle_message(&e)))
-            })?;
-        let t = t.to_dtype(candle_core::DType::F32)?.flatten_all()?;
-        Ok(t.to_vec1::<f32>()?)
+            })
     }
 }
 

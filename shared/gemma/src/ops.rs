@@ -76,6 +76,20 @@ impl Rope {
         Self { inv_freq }
     }
 
+    /// Gemma 4's "proportional" RoPE (transformers' `_compute_proportional_rope_parameters`):
+    /// the first `floor(partial * head_dim / 2)` frequency pairs rotate with
+    /// `1 / base^(2i / head_dim)` (the exponent over the whole head), the rest stay put.
+    /// `partial = 1` is the default RoPE.
+    pub(crate) fn proportional(head_dim: usize, base: f64, partial: f64) -> Self {
+        let rotated = (partial * head_dim as f64 / 2.0).floor() as usize;
+        let mut rope = Self::new(head_dim, base, 1.0);
+        rope.inv_freq
+            .iter_mut()
+            .skip(rotated)
+            .for_each(|f| *f = 0.0);
+        rope
+    }
+
     /// Rotates every `head_dim`-wide head of `row` for absolute position `pos`.
     pub(crate) fn apply(&self, row: &mut [f32], pos: usize) {
         let half = self.inv_freq.len();
@@ -118,6 +132,21 @@ mod tests {
             let ms: f32 = row.iter().map(|v| v * v).sum::<f32>() / 3.0;
             assert!((ms - 1.0).abs() < 1e-5);
         }
+    }
+
+    #[test]
+    fn proportional_rope_leaves_unrotated_pairs() {
+        let rope = Rope::proportional(8, 10_000.0, 0.5);
+        let orig: Vec<f32> = (0..8).map(|i| i as f32 + 1.0).collect();
+        let mut x = orig.clone();
+        rope.apply(&mut x, 7);
+        // Pairs (0, 4) and (1, 5) rotate; (2, 6) and (3, 7) do not.
+        assert_ne!(x[0], orig[0]);
+        assert_ne!(x[5], orig[5]);
+        assert_eq!(
+            [x[2], x[3], x[6], x[7]],
+            [orig[2], orig[3], orig[6], orig[7]]
+        );
     }
 
     #[test]

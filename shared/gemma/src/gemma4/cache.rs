@@ -1,0 +1,157 @@
+//! The caller-owned KV cache of one Gemma 4 sequence. Only layers that compute their own
+//! keys and values have a slot (KV-shared layers read their donor's), each with its own
+//! width; rows are f32 `[position, kv_heads * head_dim]`, full length on every layer
+//! (sliding layers mask at read time), so rolling back is a truncation. The slots of the
+//! last sliding and last full non-shared layers are the donors the assistant drafter reads.
+
+use super::config::Gemma4Config;
+use crate::error::{GemmaError, Result};
+use crate::kv_cache::LayerKv;
+
+/// Keys and values of one layer for positions `0..len`.
+#[derive(Debug, Clone, Copy)]
+pub struct DonorKv<'a> {
+    /// `len × kv_heads*head_dim` keys (normed, rotated).
+    pub k: &'a [f32],
+    /// `len × kv_heads*head_dim` values (normed).
+    pub v: &'a [f32],
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+impl DonorKv<'_> {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.k.len() / (self.kv_heads * self.head_dim).max(1)
+    }
+
+    /// Whether no position is held.
+    pub fn is_empty(&self) -> bool {
+        self.k.is_empty()
+    }
+}
+
+/// The target keys and values the assistant's layers attend to.
+#[derive(Debug, Clone, Copy)]
+pub struct Donors<'a> {
+    /// Of the last non-shared sliding layer.
+    pub sliding: DonorKv<'a>,
+    /// Of the last non-shared full layer.
+    pub full: DonorKv<'a>,
+}
+
+/// KV cache of one sequence. Create it with [`super::Gemma4::new_cache`].
+#[derive(Debug, Clone)]
+pub struct Gemma4Cache {
+    slots: Vec<LayerKv>,
+    dims: Vec<(usize, usize)>,
+    donors: (Option<usize>, Option<usize>),
+    len: usize,
+    max_len: usize,
+}
+
+impl Gemma4Cache {
+    pub(crate) fn new(cfg: &Gemma4Config, max_len: usize) -> Self {
+        let own = &cfg.layers[..cfg.first_shared_layer()];
+        Self {
+            slots: vec![LayerKv::default(); own.len()],
+            dims: own.iter().map(|l| (l.kv_heads, l.head_dim)).collect(),
+            donors: (cfg.donor_layer(true), cfg.donor_layer(false)),
+            len: 0,
+            max_len,
+        }
+    }
+
+    /// Committed positions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The most positions this cache may hold.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// Rolls back to the first `len` positions; `len` may not exceed the current length.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.len {
+            return Err(GemmaError::Request(format!(
+                "cannot truncate a cache of {} positions to {len}",
+                self.len
+            )));
+        }
+        self.len = len;
+        self.discard_uncommitted();
+        Ok(())
+    }
+
+    /// Bytes of keys and values of the committed positions.
+    pub fn used_bytes(&self) -> usize {
+        let per: usize = self.dims.iter().map(|(h, d)| 2 * h * d).sum();
+        self.len * per * std::mem::size_of::<f32>()
+    }
+
+    /// The donor keys and values (committed positions only) the assistant drafter reads.
+    pub fn donors(&self) -> Result<Donors<'_>> {
+        let slot = |i: Option<usize>, kind: &str| -> Result<DonorKv<'_>> {
+            let i = i.ok_or_else(|| {
+                GemmaError::Config(format!("the target has no non-shared {kind} layer"))
+            })?;
+            let (kv_heads, head_dim) = self.dims[i];
+            let n = self.len * kv_heads * head_dim;
+            Ok(DonorKv {
+                k: &self.slots[i].k[..n],
+                v: &self.slots[i].v[..n],
+                kv_heads,
+                head_dim,
+            })
+        };
+        Ok(Donors {
+            sliding: slot(self.donors.0, "sliding")?,
+            full: slot(self.donors.1, "full")?,
+        })
+    }
+
+    pub(crate) fn check_append(&self, pos: usize, n: usize) -> Result<()> {
+        if pos != self.len {
+            return Err(GemmaError::Request(format!(
+                "block starts at position {pos} but the cache holds {} positions",
+                self.len
+            )));
+        }
+        if pos + n > self.max_len {
+            return Err(GemmaError::ContextFull {
+                needed: pos + n,
+                capacity: self.max_len,
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn slot_mut(&mut self, slot: usize) -> &mut LayerKv {
+        &mut self.slots[slot]
+    }
+
+    pub(crate) fn slot(&self, slot: usize) -> &LayerKv {
+        &self.slots[slot]
+    }
+
+    pub(crate) fn commit(&mut self, n: usize) {
+        self.len += n;
+    }
+
+    /// Drops rows appended past the committed length (a failed forward, a rollback).
+    pub(crate) fn discard_uncommitted(&mut self) {
+        for (slot, (h, d)) in self.slots.iter_mut().zip(&self.dims) {
+            slot.k.truncate(self.len * h * d);
+            slot.v.truncate(self.len * h * d);
+        }
+    }
+}
