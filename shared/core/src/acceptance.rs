@@ -5,6 +5,8 @@
 //! leaves the output distributed exactly as the target's. Both always end the round with one
 //! token chosen by the target, so a round emits between 1 and γ+1 tokens.
 
+use std::collections::HashMap;
+
 use crate::sampling::{Sampler, SparseDist};
 
 /// Outcome of verifying one block.
@@ -80,13 +82,15 @@ pub fn accept_sampled(
     }
 }
 
-/// `norm(max(p - q, 0))`; `p` itself when the two coincide (no mass left).
+/// `norm(max(p - q, 0))`; `p` itself when the two coincide (no mass left). Linear in the
+/// sizes of `p` and `q` (full-vocabulary distributions meet 32k-token draft ones here).
 fn residual(p: &SparseDist, q: &SparseDist) -> SparseDist {
+    let q_of: HashMap<u32, f32> = q.ids.iter().copied().zip(q.probs.iter().copied()).collect();
     let mass: Vec<f64> = p
         .ids
         .iter()
         .zip(&p.probs)
-        .map(|(id, pp)| (*pp as f64 - q.prob(*id) as f64).max(0.0))
+        .map(|(id, pp)| (*pp as f64 - q_of.get(id).copied().unwrap_or(0.0) as f64).max(0.0))
         .collect();
     let total: f64 = mass.iter().sum();
     if total <= 0.0 {
