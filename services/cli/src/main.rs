@@ -2,6 +2,8 @@
 
 mod bench;
 mod bench_rpc;
+mod bench_spec;
+mod chart;
 mod client;
 mod drafter;
 mod generate;
