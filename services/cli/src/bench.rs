@@ -31,6 +31,8 @@ enum BenchKind {
     Target(TargetArgs),
     /// The verifier-drafter overhead: speculation in process versus over gRPC on loopback.
     Rpc(crate::bench_rpc::RpcArgs),
+    /// Plain versus speculative decoding of held-out prompts, greedy and sampled.
+    Speculative(crate::bench_spec::SpecArgs),
 }
 
 /// Flags of `tandem bench`.
@@ -94,6 +96,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     match args.kind {
         BenchKind::Target(a) => target(a),
         BenchKind::Rpc(a) => crate::bench_rpc::run(a),
+        BenchKind::Speculative(a) => crate::bench_spec::run(a),
     }
 }
 

@@ -2,11 +2,14 @@
 
 mod bench;
 mod bench_rpc;
+mod bench_spec;
+mod chart;
 mod client;
 mod drafter;
 mod generate;
 mod models;
 mod serve;
+mod train_drafter;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +33,8 @@ enum Command {
     Verifier(serve::VerifierServeArgs),
     /// Run a drafter and a verifier on this machine.
     Up(serve::UpArgs),
+    /// Distil a DSpark drafter from the target on text from a corpus.
+    TrainDrafter(train_drafter::TrainArgs),
 }
 
 fn main() {
@@ -44,6 +49,7 @@ fn main() {
         Command::Drafter(args) => serve::drafter(args),
         Command::Verifier(args) => serve::verifier(args),
         Command::Up(args) => serve::up(args),
+        Command::TrainDrafter(args) => train_drafter::run(args),
     };
     if let Err(e) = result {
         eprintln!("tandem: error: {e:#}");

@@ -1,0 +1,202 @@
+//! Prompts from a text corpus: files and folders walked in sorted order, text files kept by
+//! extension (HTML with its tags crudely stripped), each file assigned to the held-out split
+//! by a hash of its path (so a held-out file never trains), documents shuffled by seed and
+//! cut into prompts of a fixed number of tokens.
+
+use std::path::{Path, PathBuf};
+
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+
+use crate::error::{Result, TrainError};
+
+/// Extensions of the files a corpus reads.
+pub const TEXT_EXTENSIONS: [&str; 6] = ["md", "txt", "rs", "py", "html", "htm"];
+
+/// How prompts are cut from a corpus.
+#[derive(Debug, Clone)]
+pub struct CorpusConfig {
+    /// Tokens per prompt, the BOS included.
+    pub prompt_tokens: usize,
+    /// Token that starts every prompt (Gemma's `<bos>`), if any.
+    pub bos: Option<u32>,
+    /// Training prompts wanted.
+    pub train_prompts: usize,
+    /// Held-out prompts wanted.
+    pub held_out_prompts: usize,
+    /// Share of files, in percent, that are held out.
+    pub held_out_percent: u32,
+    /// Most prompts taken from one file (diversity).
+    pub prompts_per_file: usize,
+    /// Seed of the shuffles.
+    pub seed: u64,
+}
+
+/// Training and held-out prompts (token ids).
+#[derive(Debug, Clone, Default)]
+pub struct Prompts {
+    /// Prompts the trainer learns from.
+    pub train: Vec<Vec<u32>>,
+    /// Prompts from held-out files only.
+    pub held_out: Vec<Vec<u32>>,
+}
+
+/// Every text file under `paths` (files are taken as they are, folders walked), sorted.
+pub fn text_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for p in paths {
+        walk(p, &mut out)?;
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+fn walk(path: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let meta = std::fs::metadata(path).map_err(|e| TrainError::io(path, e))?;
+    if meta.is_file() {
+        if is_text(path) {
+            out.push(path.to_path_buf());
+        }
+        return Ok(());
+    }
+    for entry in std::fs::read_dir(path).map_err(|e| TrainError::io(path, e))? {
+        let entry = entry.map_err(|e| TrainError::io(path, e))?;
+        let child = entry.path();
+        let kind = entry.file_type().map_err(|e| TrainError::io(&child, e))?;
+        if kind.is_dir() || (kind.is_file() && is_text(&child)) {
+            walk(&child, out)?;
+        }
+    }
+    Ok(())
+}
+
+fn is_text(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| TEXT_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+}
+
+/// Whether `path` belongs to the held-out split: FNV-1a of its text, modulo 100, below
+/// `percent`. Stable across runs and machines for the same path text.
+pub fn is_held_out(path: &Path, percent: u32) -> bool {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in path.to_string_lossy().bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % 100) < u64::from(percent)
+}
+
+/// The readable text of a file: HTML loses its tags, scripts and styles; other files are
+/// returned as they are. Invalid UTF-8 is replaced.
+pub fn read_text(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| TrainError::io(path, e))?;
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let html = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("html") || e.eq_ignore_ascii_case("htm"));
+    Ok(if html { strip_html(&text) } else { text })
+}
+
+/// Crude HTML to text: drops `<script>`/`<style>` bodies and every tag, decodes the
+/// common entities and squeezes runs of blank lines.
+pub fn strip_html(html: &str) -> String {
+    let mut out = String::with_capacity(html.len() / 2);
+    let mut rest = html;
+    while let Some(open) = rest.find('<') {
+        out.push_str(&rest[..open]);
+        let tag = &rest[open..];
+        let lower: String = tag.chars().take(8).collect::<String>().to_ascii_lowercase();
+        let skip_to = ["script", "style"]
+            .iter()
+            .find(|t| lower.starts_with(&format!("<{t}")))
+            .and_then(|t| tag.find(&format!("</{t}>")).map(|i| i + t.len() + 3));
+        let end = skip_to.or_else(|| tag.find('>').map(|i| i + 1));
+        match end {
+            Some(e) => rest = &tag[e..],
+            None => {
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    let decoded = out
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&nbsp;", " ")
+        .replace("&amp;", "&");
+    let mut squeezed = String::with_capacity(decoded.len());
+    let mut blank = 0;
+    for line in decoded.lines() {
+        blank = if line.trim().is_empty() { blank + 1 } else { 0 };
+        if blank <= 1 {
+            squeezed.push_str(line.trim_end());
+            squeezed.push('\n');
+        }
+    }
+    squeezed
+}
+
+/// Cuts `tokens` into at most `max` non-overlapping prompts of exactly `n` tokens, each
+/// starting with `bos` when given.
+pub fn chunk(tokens: &[u32], n: usize, bos: Option<u32>, max: usize) -> Vec<Vec<u32>> {
+    let body = n.saturating_sub(usize::from(bos.is_some())).max(1);
+    tokens
+        .chunks_exact(body)
+        .take(max)
+        .map(|c| bos.into_iter().chain(c.iter().copied()).collect())
+        .collect()
+}
+
+/// Training and held-out prompts from the files under `paths`. `encode` tokenizes one
+/// document without a BOS (`cfg.bos` starts every prompt). Files are visited in a seeded shuffle until both splits are full; prompts are then
+/// shuffled by the same seed.
+pub fn prompts<E>(paths: &[PathBuf], cfg: &CorpusConfig, encode: E) -> Result<Prompts>
+where
+    E: Fn(&str) -> std::result::Result<Vec<u32>, String>,
+{
+    if cfg.prompt_tokens < 2 || cfg.train_prompts == 0 {
+        return Err(TrainError::Invalid(
+            "prompts need at least 2 tokens and at least one training prompt".into(),
+        ));
+    }
+    let mut files = text_files(paths)?;
+    let mut rng = ChaCha20Rng::seed_from_u64(cfg.seed);
+    files.shuffle(&mut rng);
+    let mut out = Prompts::default();
+    for file in files {
+        let held = is_held_out(&file, cfg.held_out_percent);
+        let (split, want) = match held {
+            true => (&mut out.held_out, cfg.held_out_prompts),
+            false => (&mut out.train, cfg.train_prompts),
+        };
+        if split.len() >= want {
+            if out.train.len() >= cfg.train_prompts && out.held_out.len() >= cfg.held_out_prompts
+            {
+                break;
+            }
+            continue;
+        }
+        let text = read_text(&file)?;
+        let tokens = encode(&text).map_err(|reason| TrainError::Tokenize {
+            path: file.clone(),
+            reason,
+        })?;
+        let room = (want - split.len()).min(cfg.prompts_per_file.max(1));
+        split.extend(chunk(&tokens, cfg.prompt_tokens, cfg.bos, room));
+    }
+    if out.train.is_empty() {
+        return Err(TrainError::Invalid(format!(
+            "no training prompt of {} tokens in the corpus",
+            cfg.prompt_tokens
+        )));
+    }
+    out.train.shuffle(&mut rng);
+    out.held_out.shuffle(&mut rng);
+    Ok(out)
+}

@@ -1,0 +1,203 @@
+//! Training samples made by the target itself: a prompt, its greedy continuation, the
+//! hidden-state taps of every position a drafter may see as context, and the target's
+//! next-token distribution (kept sparse: its most likely ids) at every continuation
+//! position, all from the same batch-invariant `Gemma3::forward` the verifier runs.
+
+use tandem_gemma::{ForwardOptions, Gemma3, LogitsMode};
+
+use crate::error::{Result, TrainError};
+
+/// How samples are generated.
+#[derive(Debug, Clone)]
+pub struct TeacherConfig {
+    /// Target layers whose outputs are tapped (the drafter's `tap_layers`).
+    pub taps: Vec<usize>,
+    /// Tokens the target appends to each prompt.
+    pub continuation_tokens: usize,
+    /// Most likely ids kept of each target distribution.
+    pub keep: usize,
+}
+
+/// The target's next-token distribution at one position, truncated to its most likely ids
+/// (probabilities under the full vocabulary, descending; the first is the argmax).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SparseTarget {
+    /// Target ids.
+    pub ids: Vec<u32>,
+    /// Their probabilities.
+    pub probs: Vec<f32>,
+}
+
+/// One prompt with its target continuation.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// Prompt then continuation.
+    pub tokens: Vec<u32>,
+    /// Prompt length `P`.
+    pub prompt_len: usize,
+    /// Row-major taps of positions `0..tokens.len() - 1`, `width` floats each.
+    pub rows: Vec<f32>,
+    /// Floats per row.
+    pub width: usize,
+    /// `dists[i]`: the target's distribution at position `P + i`, which predicts token
+    /// `P + i + 1`; one per position `P..tokens.len() - 1`.
+    pub dists: Vec<SparseTarget>,
+}
+
+impl Sample {
+    /// The taps of positions `0..n` (row-major).
+    pub fn context(&self, n: usize) -> &[f32] {
+        &self.rows[..n * self.width]
+    }
+
+    /// The distribution at position `pos` (`P <= pos < tokens.len() - 1`).
+    pub fn dist(&self, pos: usize) -> Option<&SparseTarget> {
+        pos.checked_sub(self.prompt_len)
+            .and_then(|i| self.dists.get(i))
+    }
+}
+
+/// Runs the target greedily after `prompt`, recording taps and distributions.
+pub fn generate(model: &Gemma3, prompt: &[u32], cfg: &TeacherConfig) -> Result<Sample> {
+    if prompt.is_empty() || cfg.continuation_tokens < 2 {
+        return Err(TrainError::Invalid(
+            "a sample needs a prompt and at least 2 continuation tokens".into(),
+        ));
+    }
+    let p = prompt.len();
+    let total = p + cfg.continuation_tokens;
+    let mut cache = model.new_cache(total);
+    let opts = ForwardOptions {
+        logits: LogitsMode::Last,
+        taps: cfg.taps.clone(),
+    };
+    let out = model.forward(prompt, 0, &mut cache, &opts)?;
+    let width = cfg.taps.len() * model.config().hidden_size;
+    let mut rows = Vec::with_capacity((total - 1) * width);
+    push_rows(&out.taps, &mut rows)?;
+    let mut tokens = prompt.to_vec();
+    let mut logits = last_logits(out.logits)?;
+    let mut dists = Vec::with_capacity(cfg.continuation_tokens);
+    loop {
+        let next = sparse(&logits, cfg.keep.max(1));
+        tokens.push(next.ids[0]);
+        if tokens.len() > p + 1 {
+            dists.push(next);
+        }
+        if tokens.len() == total {
+            break;
+        }
+        let pos = tokens.len() - 1;
+        let out = model.forward(&tokens[pos..], pos, &mut cache, &opts)?;
+        push_rows(&out.taps, &mut rows)?;
+        logits = last_logits(out.logits)?;
+    }
+    Ok(Sample {
+        tokens,
+        prompt_len: p,
+        rows,
+        width,
+        dists,
+    })
+}
+
+fn last_logits(logits: Option<candle_core::Tensor>) -> Result<Vec<f32>> {
+    let t = logits.ok_or_else(|| TrainError::Invalid("the target returned no logits".into()))?;
+    Ok(t.flatten_all()?.to_vec1::<f32>()?)
+}
+
+/// Appends the taps of a forward's positions, interleaved per position.
+fn push_rows(taps: &[candle_core::Tensor], rows: &mut Vec<f32>) -> Result<()> {
+    let per_tap = taps
+        .iter()
+        .map(|t| t.to_vec2::<f32>())
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let m = per_tap.first().map_or(0, Vec::len);
+    for pos in 0..m {
+        for tap in &per_tap {
+            rows.extend_from_slice(&tap[pos]);
+        }
+    }
+    Ok(())
+}
+
+/// The `keep` most likely ids of `softmax(logits)`, descending, ties to the lower id.
+pub fn sparse(logits: &[f32], keep: usize) -> SparseTarget {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|l| f64::from((l - max).exp())).sum();
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let by_logit = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    let keep = keep.min(idx.len());
+    if keep < idx.len() {
+        idx.select_nth_unstable_by(keep, by_logit);
+        idx.truncate(keep);
+    }
+    idx.sort_by(by_logit);
+    let probs = idx
+        .iter()
+        .map(|i| (f64::from((logits[*i as usize] - max).exp()) / sum) as f32)
+        .collect();
+    SparseTarget { ids: idx, probs }
+}
+
+/// Samples of a fixed list of prompts, generated on first use and kept.
+pub struct Pool {
+    prompts: Vec<Vec<u32>>,
+    samples: Vec<Option<Sample>>,
+    cfg: TeacherConfig,
+}
+
+impl Pool {
+    /// A pool over `prompts`; nothing is generated yet.
+    pub fn new(prompts: Vec<Vec<u32>>, cfg: TeacherConfig) -> Self {
+        Self {
+            samples: vec![None; prompts.len()],
+            prompts,
+            cfg,
+        }
+    }
+
+    /// Number of prompts.
+    pub fn len(&self) -> usize {
+        self.prompts.len()
+    }
+
+    /// Whether the pool has no prompt.
+    pub fn is_empty(&self) -> bool {
+        self.prompts.is_empty()
+    }
+
+    /// The generation settings.
+    pub fn config(&self) -> &TeacherConfig {
+        &self.cfg
+    }
+
+    /// Generates the samples of `indices` that are missing; returns how many it made.
+    pub fn ensure(&mut self, model: &Gemma3, indices: &[usize]) -> Result<usize> {
+        let mut made = 0;
+        for &i in indices {
+            let prompt = self.prompts.get(i).ok_or_else(|| {
+                TrainError::Invalid(format!("sample {i} of a pool of {}", self.prompts.len()))
+            })?;
+            if self.samples[i].is_none() {
+                self.samples[i] = Some(generate(model, prompt, &self.cfg)?);
+                made += 1;
+            }
+        }
+        Ok(made)
+    }
+
+    /// The sample of prompt `i`, if generated.
+    pub fn get(&self, i: usize) -> Option<&Sample> {
+        self.samples.get(i).and_then(Option::as_ref)
+    }
+
+    /// Every generated sample.
+    pub fn generated(&self) -> Vec<&Sample> {
+        self.samples.iter().flatten().collect()
+    }
+}
