@@ -108,7 +108,10 @@ fn axes(chart: &mut Chart<'_, '_>, (x0, x1): (f64, f64), y0: f64) -> Result<()> 
         .draw_series(LineSeries::new([(x0, y0), (x1, y0)], BLACK.stroke_width(2)))
         .map_err(err)?;
     chart
-        .draw_series(LineSeries::new([(x0, y0), (x0, top)], BLACK.stroke_width(2)))
+        .draw_series(LineSeries::new(
+            [(x0, y0), (x0, top)],
+            BLACK.stroke_width(2),
+        ))
         .map_err(err)?;
     Ok(())
 }

@@ -98,8 +98,8 @@ impl Engine {
     /// tokens (the cache grows as positions commit; this is its ceiling).
     pub fn cache_bytes(&self, req: &GenerationRequest, gamma: usize) -> usize {
         let cfg = self.model.config();
-        let per_position = 2 * cfg.num_hidden_layers * cfg.kv_dim() * std::mem::size_of::<f32>();
-        cache_positions(req, gamma, cfg.max_position_embeddings) * per_position
+        cache_positions(req, gamma, cfg.max_position_embeddings)
+            * KvCache::bytes_per_position_for(cfg)
     }
 
     fn check_prompt(&self, prompt: &[u32]) -> Result<()> {

@@ -87,7 +87,12 @@ impl KvCache {
 
     /// Bytes one position costs across all layers.
     pub fn bytes_per_position(&self) -> usize {
-        2 * self.layers.len() * self.kv_dim * std::mem::size_of::<f32>()
+        position_bytes(self.layers.len(), self.kv_dim)
+    }
+
+    /// Bytes one position costs in a cache for `cfg`, without making one.
+    pub fn bytes_per_position_for(cfg: &GemmaConfig) -> usize {
+        position_bytes(cfg.num_hidden_layers, cfg.kv_dim())
     }
 
     pub(crate) fn check_append(&self, pos: usize, n: usize) -> Result<()> {
@@ -123,4 +128,9 @@ impl KvCache {
             layer.v.truncate(keep);
         }
     }
+}
+
+/// Keys and values of every layer, f32.
+fn position_bytes(layers: usize, kv_dim: usize) -> usize {
+    2 * layers * kv_dim * std::mem::size_of::<f32>()
 }

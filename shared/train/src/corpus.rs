@@ -176,8 +176,7 @@ where
             false => (&mut out.train, cfg.train_prompts),
         };
         if split.len() >= want {
-            if out.train.len() >= cfg.train_prompts && out.held_out.len() >= cfg.held_out_prompts
-            {
+            if out.train.len() >= cfg.train_prompts && out.held_out.len() >= cfg.held_out_prompts {
                 break;
             }
             continue;

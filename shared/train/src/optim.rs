@@ -157,9 +157,9 @@ impl AdamW {
         for s in &mut self.slots {
             for (kind, slot) in [("m", &mut s.m), ("v", &mut s.v)] {
                 let key = format!("{kind}.{}", s.name);
-                let t = moments.remove(&key).ok_or_else(|| {
-                    TrainError::Invalid(format!("optimizer state lacks {key}"))
-                })?;
+                let t = moments
+                    .remove(&key)
+                    .ok_or_else(|| TrainError::Invalid(format!("optimizer state lacks {key}")))?;
                 if t.dims() != slot.dims() {
                     return Err(TrainError::Invalid(format!(
                         "optimizer state {key} is {:?}, expected {:?}",

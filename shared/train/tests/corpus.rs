@@ -27,7 +27,8 @@ fn held_out_files_never_train() {
     let file_of = |prompt: &Vec<u32>| {
         assert_eq!(prompt.len(), 9);
         assert_eq!(prompt[0], 2);
-        dir.path().join(format!("doc{}.txt", prompt[1] - u32::from(b'0')))
+        dir.path()
+            .join(format!("doc{}.txt", prompt[1] - u32::from(b'0')))
     };
     for q in &p.train {
         assert!(!is_held_out(&file_of(q), 25));

@@ -16,8 +16,13 @@ fn training_lowers_the_loss() {
     train.ensure(&model, &all).expect("samples");
     let vocab = frequent_ids(&train.generated(), 64, 96);
     assert_eq!(vocab.len(), 64);
-    let mut t = Trainer::new(&model, drafter(&model, vocab, 1), (train, held), train_config(80))
-        .expect("trainer");
+    let mut t = Trainer::new(
+        &model,
+        drafter(&model, vocab, 1),
+        (train, held),
+        train_config(80),
+    )
+    .expect("trainer");
     let before = t.evaluate().expect("eval");
     let out = tempfile::tempdir().expect("tempdir");
     let mut losses = Vec::new();
@@ -32,7 +37,12 @@ fn training_lowers_the_loss() {
     let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
     let (first, last) = (mean(&losses[..10]), mean(&losses[70..]));
     assert!(last < 0.75 * first, "training loss {first} -> {last}");
-    assert!(after.tv < before.tv, "held-out TV {} -> {}", before.tv, after.tv);
+    assert!(
+        after.tv < before.tv,
+        "held-out TV {} -> {}",
+        before.tv,
+        after.tv
+    );
     assert!(after.tau >= before.tau, "τ {} -> {}", before.tau, after.tau);
     assert!(out.path().join("trainer.json").is_file());
 }
@@ -87,13 +97,19 @@ fn resume_repeats_the_uninterrupted_run() {
 fn resume_refuses_other_data_settings() {
     let (_dir, model) = tiny_target();
     let vocab: Vec<u32> = (0..96).collect();
-    let mut t = Trainer::new(&model, drafter(&model, vocab.clone(), 1), pools(6, 0), train_config(4))
-        .expect("trainer");
+    let mut t = Trainer::new(
+        &model,
+        drafter(&model, vocab.clone(), 1),
+        pools(6, 0),
+        train_config(4),
+    )
+    .expect("trainer");
     t.step().expect("step");
     let ckpt = tempfile::tempdir().expect("tempdir");
     t.save(ckpt.path()).expect("save");
     let mut other = train_config(4);
     other.seed = 6;
-    let mut u = Trainer::new(&model, drafter(&model, vocab, 1), pools(6, 0), other).expect("trainer");
+    let mut u =
+        Trainer::new(&model, drafter(&model, vocab, 1), pools(6, 0), other).expect("trainer");
     assert!(u.resume(ckpt.path()).is_err());
 }

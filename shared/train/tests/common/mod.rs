@@ -75,9 +75,16 @@ pub fn write_target(dir: &Path, cfg: &GemmaConfig, seed: u64) {
     let mut put = |name: String, shape: Vec<usize>, scale: f32| {
         let n = shape.iter().product();
         let v: Vec<f32> = (0..n).map(|_| rng.next() * scale).collect();
-        w.insert(name, Tensor::from_vec(v, shape, &Device::Cpu).expect("tensor"));
+        w.insert(
+            name,
+            Tensor::from_vec(v, shape, &Device::Cpu).expect("tensor"),
+        );
     };
-    put("model.embed_tokens.weight".into(), vec![cfg.vocab_size, h], 1.0);
+    put(
+        "model.embed_tokens.weight".into(),
+        vec![cfg.vocab_size, h],
+        1.0,
+    );
     put("model.norm.weight".into(), vec![h], 0.3);
     let lin = |fan_in: usize| 1.7 / (fan_in as f32).sqrt();
     for i in 0..cfg.num_hidden_layers {
