@@ -170,7 +170,12 @@ pub fn run(a: TrainArgs) -> Result<()> {
         false => {
             let first: Vec<usize> = (0..a.vocab_samples.min(train.len())).collect();
             train.ensure(&model, &first)?;
-            let vocab = frequent_ids(&train.generated(), a.draft_vocab_size, tok.vocab_size());
+            let vocab = frequent_ids(
+                &train.generated(),
+                train.prompts(),
+                a.draft_vocab_size,
+                tok.vocab_size(),
+            );
             Dspark::init(a.drafter_config(vocab), &model.head(), a.seed)?
         }
     };

@@ -19,14 +19,17 @@ use crate::error::{Result, TrainError};
 use crate::teacher::Sample;
 
 /// The `k` target ids most frequent in the continuations of `samples` (ties to the lower
-/// id), then the most frequent prompt ids, then the lowest remaining ids, up to
-/// `min(k, vocab)`.
-pub fn frequent_ids(samples: &[&Sample], k: usize, vocab: usize) -> Vec<u32> {
+/// id), then the most frequent ids of `prompts` (the corpus side, free to count), then the
+/// lowest remaining ids, up to `min(k, vocab)`.
+pub fn frequent_ids(samples: &[&Sample], prompts: &[Vec<u32>], k: usize, vocab: usize) -> Vec<u32> {
     let (mut cont, mut prompt) = (HashMap::<u32, u64>::new(), HashMap::<u32, u64>::new());
     for s in samples {
-        let (p, c) = s.tokens.split_at(s.prompt_len);
+        s.tokens[s.prompt_len..]
+            .iter()
+            .for_each(|t| *cont.entry(*t).or_default() += 1);
+    }
+    for p in prompts {
         p.iter().for_each(|t| *prompt.entry(*t).or_default() += 1);
-        c.iter().for_each(|t| *cont.entry(*t).or_default() += 1);
     }
     let mut ranked: Vec<u32> = (0..vocab as u32).collect();
     ranked.sort_by_key(|t| {

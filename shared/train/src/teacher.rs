@@ -3,6 +3,7 @@
 //! next-token distribution (kept sparse: its most likely ids) at every continuation
 //! position, all from the same batch-invariant `Gemma3::forward` the verifier runs.
 
+use rayon::prelude::*;
 use tandem_gemma::{ForwardOptions, Gemma3, LogitsMode};
 
 use crate::error::{Result, TrainError};
@@ -171,24 +172,42 @@ impl Pool {
         self.prompts.is_empty()
     }
 
+    /// The prompts, generated or not.
+    pub fn prompts(&self) -> &[Vec<u32>] {
+        &self.prompts
+    }
+
     /// The generation settings.
     pub fn config(&self) -> &TeacherConfig {
         &self.cfg
     }
 
-    /// Generates the samples of `indices` that are missing; returns how many it made.
+    /// Generates the samples of `indices` that are missing, in parallel (each is a
+    /// function of its prompt alone, so the order cannot matter); returns how many it
+    /// made.
     pub fn ensure(&mut self, model: &Gemma3, indices: &[usize]) -> Result<usize> {
-        let mut made = 0;
+        let mut missing = Vec::new();
         for &i in indices {
-            let prompt = self.prompts.get(i).ok_or_else(|| {
-                TrainError::Invalid(format!("sample {i} of a pool of {}", self.prompts.len()))
-            })?;
-            if self.samples[i].is_none() {
-                self.samples[i] = Some(generate(model, prompt, &self.cfg)?);
-                made += 1;
+            match self.samples.get(i) {
+                None => {
+                    return Err(TrainError::Invalid(format!(
+                        "sample {i} of a pool of {}",
+                        self.prompts.len()
+                    )))
+                }
+                Some(None) if !missing.contains(&i) => missing.push(i),
+                Some(_) => {}
             }
         }
-        Ok(made)
+        let made: Vec<(usize, Sample)> = missing
+            .par_iter()
+            .map(|&i| generate(model, &self.prompts[i], &self.cfg).map(|s| (i, s)))
+            .collect::<Result<_>>()?;
+        let count = made.len();
+        for (i, sample) in made {
+            self.samples[i] = Some(sample);
+        }
+        Ok(count)
     }
 
     /// The sample of prompt `i`, if generated.

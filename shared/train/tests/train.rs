@@ -14,7 +14,7 @@ fn training_lowers_the_loss() {
     let (mut train, held) = pools(64, 4);
     let all: Vec<usize> = (0..train.len()).collect();
     train.ensure(&model, &all).expect("samples");
-    let vocab = frequent_ids(&train.generated(), 64, 96);
+    let vocab = frequent_ids(&train.generated(), train.prompts(), 64, 96);
     assert_eq!(vocab.len(), 64);
     let mut t = Trainer::new(
         &model,
