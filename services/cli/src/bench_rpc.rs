@@ -4,7 +4,6 @@
 //! is the verifier-drafter overhead (gRPC, snapshot encode/decode, scheduling), reported as a
 //! share of the remote round time.
 
-use std::future::pending;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 
@@ -13,11 +12,11 @@ use clap::Args;
 use serde::Serialize;
 use tandem_engine::{GenerationRequest, Update};
 use tandem_proto::v1 as pb;
-use tokio::net::TcpListener;
 
 use crate::drafter::DrafterArgs;
+use crate::loopback;
 use crate::models::ModelArgs;
-use crate::serve::{self, DrafterOptions, VerifierOptions};
+use crate::serve;
 
 /// Prompts of the measurement.
 const PROMPTS: [&str; 8] = [
@@ -87,42 +86,9 @@ pub fn run(a: RpcArgs) -> Result<()> {
     if a.gamma == 0 || a.max_tokens < 2 {
         bail!("--gamma must be at least 1 and --max-tokens at least 2");
     }
-    let (drafter, d_registry) =
-        serve::drafter_service(&a.drafter, &a.models, &DrafterOptions::default())?;
     let report = serve::runtime()?.block_on(async {
-        let (d_grpc, d_metrics) = (
-            TcpListener::bind("127.0.0.1:0").await?,
-            TcpListener::bind("127.0.0.1:0").await?,
-        );
-        let d_url = format!("http://{}", d_grpc.local_addr()?);
-        tokio::spawn(tandem_drafter::serve(
-            drafter,
-            d_registry,
-            d_grpc,
-            d_metrics,
-            pending(),
-        ));
-        serve::wait_serving(&d_url).await?;
-        let (service, registry) = serve::verifier_service(
-            &a.models,
-            vec![d_url],
-            &VerifierOptions::with_gamma(a.gamma),
-        )
-        .await?;
-        let engine = service.engine().clone();
-        let (v_grpc, v_metrics) = (
-            TcpListener::bind("127.0.0.1:0").await?,
-            TcpListener::bind("127.0.0.1:0").await?,
-        );
-        let v_url = format!("http://{}", v_grpc.local_addr()?);
-        tokio::spawn(tandem_verifier::serve(
-            service,
-            registry,
-            v_grpc,
-            v_metrics,
-            pending(),
-        ));
-        serve::wait_serving(&v_url).await?;
+        let lb = loopback::start(&a.drafter, &a.models, a.gamma).await?;
+        let (engine, v_url) = (lb.engine, lb.url);
         let grpc = remote_side(&v_url, &a).await?;
         let local_drafter = a.drafter.proposer(&engine.model().head())?;
         let (max_tokens, gamma) = (a.max_tokens, a.gamma);

@@ -1,5 +1,6 @@
 //! `tandem bench speculative`: held-out corpus prompts decoded plainly and speculatively
-//! (in process, one drafter, every γ asked for), greedy and sampled, in one run: mean
+//! (one drafter, every γ asked for; in process, or through a verifier and a drafter served
+//! on loopback with `--services`), greedy and sampled, in one run: mean
 //! acceptance length τ, acceptance rate per draft position, the split of round time between
 //! drafting and verifying, tokens/s and the speedup over plain decoding. JSON on request and
 //! a PNG chart (see `chart`).
@@ -11,19 +12,34 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 use tandem_core::{Proposer, SamplingParams};
-use tandem_engine::{Engine, GenerationRequest, Outcome, SpecStats, Update};
+use tandem_engine::{Engine, GenerationRequest, SpecStats, Update};
+use tandem_proto::codec::sampling_to_pb;
+use tandem_proto::v1 as pb;
 use tandem_train::corpus::{self, CorpusConfig};
+use tokio::runtime::Runtime;
 
 use crate::drafter::DrafterArgs;
 use crate::generate::load_engine;
 use crate::models::ModelArgs;
+use crate::{loopback, serve};
 
 /// Flags of `tandem bench speculative`.
 #[derive(Args, Debug)]
 pub struct SpecArgs {
     /// Corpus (files or folders); prompts come from its held-out files only.
-    #[arg(long, num_args = 1.., required = true)]
+    #[arg(long, num_args = 1.., required_unless_present = "prompts_file")]
     prompts_from: Vec<PathBuf>,
+    /// Prompts as a JSON list of token-id lists (e.g. written by `--save-prompts`), instead
+    /// of `--prompts-from`.
+    #[arg(long, conflicts_with = "prompts_from")]
+    prompts_file: Option<PathBuf>,
+    /// Write the prompts used as a JSON list of token-id lists.
+    #[arg(long)]
+    save_prompts: Option<PathBuf>,
+    /// Send every request through a verifier and a drafter served on loopback (real gRPC)
+    /// instead of running them in process.
+    #[arg(long)]
+    services: bool,
     /// Prompts to run.
     #[arg(long, default_value_t = 4)]
     prompts: usize,
@@ -81,43 +97,99 @@ pub struct Mode {
 #[derive(Serialize)]
 struct SpecReport {
     drafter: String,
+    via: &'static str,
     prompts: usize,
     prompt_tokens: usize,
     max_tokens: usize,
     modes: Vec<Mode>,
 }
 
+/// Where requests run.
+enum Runner<'a> {
+    /// `Engine::generate` in this process.
+    Local {
+        engine: &'a Engine,
+        proposer: &'a dyn Proposer,
+    },
+    /// A verifier's gRPC API.
+    Remote { rt: &'a Runtime, url: String },
+}
+
 pub fn run(a: SpecArgs) -> Result<()> {
     if a.prompts == 0 || a.max_tokens < 2 || a.gammas.is_empty() || a.gammas.contains(&0) {
         bail!("--prompts and --gammas must be >= 1 and --max-tokens >= 2");
     }
-    let engine = load_engine(&a.models)?;
+    let max_gamma = a.gammas.iter().copied().max().unwrap_or(1);
+    let rt = serve::runtime()?;
+    let (engine, url) = match a.services {
+        true => {
+            let lb = rt.block_on(loopback::start(&a.drafter, &a.models, max_gamma))?;
+            (lb.engine, Some(lb.url))
+        }
+        false => (load_engine(&a.models)?, None),
+    };
     let proposer = a.drafter.proposer(&engine.model().head())?;
-    if let Some(g) = a.gammas.iter().find(|g| **g > proposer.max_gamma()) {
-        bail!("γ {g} exceeds the drafter's {}", proposer.max_gamma());
+    if max_gamma > proposer.max_gamma() {
+        bail!(
+            "γ {max_gamma} exceeds the drafter's {}",
+            proposer.max_gamma()
+        );
     }
-    let prompts = held_out_prompts(&engine, &a)?;
+    let runner = match url {
+        Some(url) => Runner::Remote { rt: &rt, url },
+        None => Runner::Local {
+            engine: &engine,
+            proposer: proposer.as_ref(),
+        },
+    };
+    let prompts = prompts(&engine, &a)?;
     let mut modes = Vec::new();
     for temperature in [0.0, a.temperature] {
-        modes.push(mode(&engine, proposer.as_ref(), &prompts, &a, temperature)?);
+        modes.push(mode(&runner, &prompts, &a, temperature)?);
     }
     let report = SpecReport {
         drafter: a.drafter.drafter.clone(),
+        via: if a.services { "services" } else { "in-process" },
         prompts: prompts.len(),
-        prompt_tokens: a.prompt_tokens,
+        prompt_tokens: prompts.first().map_or(0, Vec::len),
         max_tokens: a.max_tokens,
         modes,
     };
     print_report(&report);
-    if let Some(path) = &a.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+    write_outputs(&a, &report, &prompts)
+}
+
+fn write_outputs(a: &SpecArgs, report: &SpecReport, prompts: &[Vec<u32>]) -> Result<()> {
+    let files = [
+        (&a.json, serde_json::to_string_pretty(report)?),
+        (&a.save_prompts, serde_json::to_string(prompts)?),
+    ];
+    for (path, text) in files {
+        if let Some(path) = path {
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        }
     }
     if let Some(path) = &a.png {
         crate::chart::draw(path, &report.modes)
             .with_context(|| format!("drawing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// The prompts: read from `--prompts-file`, or cut from the corpus's held-out files.
+fn prompts(engine: &Engine, a: &SpecArgs) -> Result<Vec<Vec<u32>>> {
+    let Some(path) = &a.prompts_file else {
+        return held_out_prompts(engine, a);
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut all: Vec<Vec<u32>> = serde_json::from_str(&text)
+        .with_context(|| format!("{}: expected a JSON list of token-id lists", path.display()))?;
+    all.truncate(a.prompts);
+    if all.is_empty() || all.iter().any(Vec::is_empty) {
+        bail!("{}: no prompts, or an empty prompt", path.display());
+    }
+    Ok(all)
 }
 
 fn held_out_prompts(engine: &Engine, a: &SpecArgs) -> Result<Vec<Vec<u32>>> {
@@ -141,22 +213,16 @@ fn held_out_prompts(engine: &Engine, a: &SpecArgs) -> Result<Vec<Vec<u32>>> {
 }
 
 /// Plain and speculative decoding of every prompt at one temperature.
-fn mode(
-    engine: &Engine,
-    proposer: &dyn Proposer,
-    prompts: &[Vec<u32>],
-    a: &SpecArgs,
-    temperature: f32,
-) -> Result<Mode> {
+fn mode(runner: &Runner<'_>, prompts: &[Vec<u32>], a: &SpecArgs, temperature: f32) -> Result<Mode> {
     let sampling = SamplingParams {
         temperature,
         seed: a.seed,
         ..SamplingParams::default()
     };
-    let (plain, _) = decode_all(engine, None, prompts, a, sampling, 0)?;
+    let (plain, _) = decode_all(runner, prompts, a, sampling, 0)?;
     let mut runs = Vec::new();
     for &gamma in &a.gammas {
-        let (tok_s, s) = decode_all(engine, Some(proposer), prompts, a, sampling, gamma)?;
+        let (tok_s, s) = decode_all(runner, prompts, a, sampling, gamma)?;
         runs.push(SpecRun {
             gamma,
             tau: s.mean_acceptance_length().unwrap_or(1.0),
@@ -175,15 +241,20 @@ fn mode(
     })
 }
 
-/// Decode tokens/s over all prompts and the merged speculation figures.
+/// Decode tokens/s over all prompts and the merged speculation figures (`gamma` 0: plain).
 fn decode_all(
-    engine: &Engine,
-    proposer: Option<&dyn Proposer>,
+    runner: &Runner<'_>,
     prompts: &[Vec<u32>],
     a: &SpecArgs,
     sampling: SamplingParams,
     gamma: usize,
 ) -> Result<(f64, SpecStats)> {
+    let (engine, proposer) = match runner {
+        Runner::Local { engine, proposer } => (*engine, *proposer),
+        Runner::Remote { rt, url } => {
+            return rt.block_on(remote_all(url, prompts, a, sampling, gamma));
+        }
+    };
     let (mut tokens, mut secs, mut stats) = (0usize, 0f64, SpecStats::default());
     for prompt in prompts {
         let req = GenerationRequest {
@@ -194,16 +265,69 @@ fn decode_all(
             gamma,
             ..GenerationRequest::default()
         };
+        let proposer = (gamma > 0).then_some(proposer);
         let out = engine.generate(&req, proposer, &mut |_: &Update| ControlFlow::Continue(()))?;
         tokens += out.tokens.len().saturating_sub(1);
         secs += out.timing.decode_s;
-        merge(&mut stats, &out);
+        merge(&mut stats, &out.spec);
     }
     Ok((tokens as f64 / secs.max(1e-9), stats))
 }
 
-fn merge(into: &mut SpecStats, out: &Outcome) {
-    let s = &out.spec;
+/// [`decode_all`] through the verifier at `url`: its timings and statistics, as it reports
+/// them in each generation's finish message.
+async fn remote_all(
+    url: &str,
+    prompts: &[Vec<u32>],
+    a: &SpecArgs,
+    sampling: SamplingParams,
+    gamma: usize,
+) -> Result<(f64, SpecStats)> {
+    let mut client = pb::generation_client::GenerationClient::connect(url.to_string()).await?;
+    let (mut tokens, mut secs, mut stats) = (0usize, 0f64, SpecStats::default());
+    for prompt in prompts {
+        let req = pb::GenerateRequest {
+            prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds {
+                ids: prompt.clone(),
+            })),
+            sampling: Some(sampling_to_pb(&sampling)),
+            max_tokens: Some(a.max_tokens as u32),
+            ignore_eos: true,
+            speculative: Some(gamma > 0),
+            max_gamma: (gamma > 0).then_some(gamma as u32),
+            ..Default::default()
+        };
+        let mut stream = client.generate(req).await?.into_inner();
+        let mut finished = None;
+        while let Some(msg) = stream.message().await? {
+            finished = msg.finished.or(finished);
+        }
+        let f = finished.context("the verifier ended a stream without a finish message")?;
+        let usage = f.usage.unwrap_or_default();
+        tokens += (usage.completion_tokens as usize).saturating_sub(1);
+        secs += (f.total_seconds - f.ttft_seconds).max(0.0);
+        merge(
+            &mut stats,
+            &spec_from_pb(&f.speculation.unwrap_or_default()),
+        );
+    }
+    Ok((tokens as f64 / secs.max(1e-9), stats))
+}
+
+fn spec_from_pb(s: &pb::SpeculationStats) -> SpecStats {
+    SpecStats {
+        drafts: s.drafts,
+        draft_tokens: s.draft_tokens,
+        accepted_tokens: s.accepted_tokens,
+        accepted_per_position: s.accepted_per_position.clone(),
+        drafted_per_position: s.drafted_per_position.clone(),
+        draft_s: s.draft_seconds,
+        verify_s: s.verify_seconds,
+        proposer_failures: s.proposer_failures,
+    }
+}
+
+fn merge(into: &mut SpecStats, s: &SpecStats) {
     into.drafts += s.drafts;
     into.draft_tokens += s.draft_tokens;
     into.accepted_tokens += s.accepted_tokens;
@@ -223,8 +347,8 @@ fn merge(into: &mut SpecStats, out: &Outcome) {
 
 fn print_report(r: &SpecReport) {
     println!(
-        "drafter {}: {} held-out prompts of {} tokens, {} tokens each",
-        r.drafter, r.prompts, r.prompt_tokens, r.max_tokens
+        "drafter {} ({}): {} held-out prompts of {} tokens, {} tokens each",
+        r.drafter, r.via, r.prompts, r.prompt_tokens, r.max_tokens
     );
     for m in &r.modes {
         println!("T = {}: plain {:.1} tok/s", m.temperature, m.plain_tok_s);

@@ -7,6 +7,7 @@ mod chart;
 mod client;
 mod drafter;
 mod generate;
+mod loopback;
 mod models;
 mod serve;
 mod train_drafter;

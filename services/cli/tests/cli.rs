@@ -93,6 +93,88 @@ fn bench_rpc_reports_the_network_overhead() {
     assert!(text.contains("verifier-drafter overhead"), "{text}");
 }
 
+/// Runs `tandem bench speculative` on one prompt (plus `extra` flags) and returns its JSON
+/// report and the prompts it saved.
+fn bench_speculative(extra: &[&str]) -> (serde_json::Value, Vec<Vec<u32>>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = |name: &str| dir.path().join(name).to_str().expect("utf-8").to_string();
+    let (prompts, json, png, saved) = (
+        path("prompts.json"),
+        path("bench.json"),
+        path("bench.png"),
+        path("saved.json"),
+    );
+    std::fs::write(&prompts, "[[2, 1018, 2, 3, 236764], [2, 818, 5279]]").expect("prompts");
+    let mut args = vec![
+        "bench",
+        "speculative",
+        "--prompts-file",
+        &prompts,
+        "--prompts",
+        "1",
+        "--max-tokens",
+        "6",
+        "--gammas",
+        "1,2",
+        "--json",
+        &json,
+        "--png",
+        &png,
+        "--save-prompts",
+        &saved,
+    ];
+    args.extend_from_slice(extra);
+    let out = tandem(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(std::fs::metadata(&png).expect("png written").len() > 0);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("acceptance per position"), "{text}");
+    let report =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("json");
+    let saved =
+        serde_json::from_str(&std::fs::read_to_string(&saved).expect("saved")).expect("ids");
+    (report, saved)
+}
+
+/// Checks a bench report: greedy and sampled modes, each with one run per γ whose figures
+/// are consistent.
+fn check_report(report: &serde_json::Value, via: &str) {
+    assert_eq!(report["via"], via);
+    assert_eq!(report["prompts"], 1);
+    let modes = report["modes"].as_array().expect("modes");
+    assert_eq!(modes.len(), 2);
+    assert_eq!(modes[0]["temperature"], 0.0);
+    for m in modes {
+        assert!(m["plain_tok_s"].as_f64().expect("plain") > 0.0);
+        let runs = m["runs"].as_array().expect("runs");
+        assert_eq!(runs.len(), 2);
+        for (run, gamma) in runs.iter().zip([1, 2]) {
+            assert_eq!(run["gamma"], gamma);
+            let tau = run["tau"].as_f64().expect("tau");
+            assert!((1.0..=1.0 + gamma as f64).contains(&tau), "τ {tau}");
+            let per_pos = run["acceptance_per_position"]
+                .as_array()
+                .expect("per position");
+            assert_eq!(per_pos.len(), gamma);
+            assert!(run["tok_s"].as_f64().expect("tok/s") > 0.0);
+            assert!(run["verify_s"].as_f64().expect("verify") > 0.0);
+        }
+    }
+}
+
+#[test]
+fn bench_speculative_runs_in_process() {
+    let (report, saved) = bench_speculative(&[]);
+    check_report(&report, "in-process");
+    assert_eq!(saved, vec![vec![2, 1018, 2, 3, 236764]]);
+}
+
+#[test]
+fn bench_speculative_runs_through_the_services() {
+    let (report, _) = bench_speculative(&["--services"]);
+    check_report(&report, "services");
+}
+
 #[test]
 fn sampling_is_reproducible_with_a_seed() {
     let args = [

@@ -269,6 +269,7 @@ fn finished_message(out: &Outcome, started: Instant) -> pb::GenerateResponse {
             accepted_tokens: s.accepted_tokens,
             mean_acceptance_length: s.mean_acceptance_length().unwrap_or(0.0),
             accepted_per_position: s.accepted_per_position.clone(),
+            drafted_per_position: s.drafted_per_position.clone(),
             draft_seconds: s.draft_s,
             verify_seconds: s.verify_s,
             proposer_failures: s.proposer_failures,
