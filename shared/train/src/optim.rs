@@ -128,9 +128,11 @@ impl AdamW {
             let Some(g) = grads.get(s.var.as_tensor()) else {
                 continue;
             };
-            let g = (g * clip)?;
-            s.m = ((&s.m * c.beta1)? + (&g * (1.0 - c.beta1))?)?;
-            s.v = ((&s.v * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
+            // Gradients carry the backward graph (and through it the step's activations);
+            // moments built on them would chain every step's graph to the next one.
+            let g = (g.detach() * clip)?;
+            s.m = ((&s.m * c.beta1)? + (&g * (1.0 - c.beta1))?)?.detach();
+            s.v = ((&s.v * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?.detach();
             let update = ((&s.m * scale_m)? / ((&s.v * scale_v)?.sqrt()? + c.eps)?)?;
             let decay = if s.decay { lr * c.weight_decay } else { 0.0 };
             let theta = ((s.var.as_tensor() * (1.0 - decay))? - (update * lr)?)?;
@@ -193,5 +195,33 @@ mod tests {
         assert!((s.at(9) - 0.55).abs() < 1e-12);
         assert!((s.at(14) - 0.1).abs() < 1e-12);
         assert!(s.at(5) < s.at(4) && s.at(6) < s.at(5));
+    }
+
+    /// Moments must hold values only: built on the gradients' graph, each step's
+    /// activations stayed alive through the next step's moments (a trainer grew by
+    /// gigabytes per step).
+    #[test]
+    fn moments_do_not_keep_the_graph_alive() -> Result<()> {
+        let dev = candle_core::Device::Cpu;
+        let w = Var::from_tensor(&Tensor::new(&[[1f32, 2.0], [3.0, 4.0]], &dev)?)?;
+        let cfg = AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            clip_norm: 1.0,
+        };
+        let mut opt = AdamW::new(vec![("w".into(), w.clone())], cfg)?;
+        for _ in 0..2 {
+            // d/dw of w·w is formed from w itself: a tracked gradient.
+            let loss = (w.as_tensor() * w.as_tensor())?.sum_all()?;
+            let grads = loss.backward()?;
+            assert!(grads.get(w.as_tensor()).is_some_and(Tensor::track_op));
+            opt.step(&grads, 0.1)?;
+        }
+        for (name, m) in opt.moments() {
+            assert!(!m.track_op(), "{name} tracks the graph");
+        }
+        Ok(())
     }
 }
