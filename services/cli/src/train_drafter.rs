@@ -74,6 +74,15 @@ pub struct TrainArgs {
     /// Tokens the target generates after each prompt.
     #[arg(long, default_value_t = 64)]
     continuation_tokens: usize,
+    /// Teacher forcing: training continuations are the corpus text that follows each
+    /// prompt, scored by one target forward, instead of being generated token by token
+    /// (held-out continuations are still generated).
+    #[arg(long)]
+    teacher_forcing: bool,
+    /// Start from the weights of this drafter checkpoint (its configuration and draft
+    /// vocabulary; the drafter-shape flags are ignored) with a fresh optimizer.
+    #[arg(long, conflicts_with = "resume")]
+    init_from: Option<PathBuf>,
     /// Training prompts (cycled).
     #[arg(long, default_value_t = 256)]
     train_prompts: usize,
@@ -139,8 +148,13 @@ impl TrainArgs {
 pub fn run(a: TrainArgs) -> Result<()> {
     let cfg = a.train_config()?;
     let (model, tok) = a.models.load()?;
+    let extra = if a.teacher_forcing {
+        a.continuation_tokens
+    } else {
+        0
+    };
     let corpus_cfg = CorpusConfig {
-        prompt_tokens: a.prompt_tokens,
+        prompt_tokens: a.prompt_tokens + extra,
         bos: Some(tok.bos_id()),
         train_prompts: a.train_prompts,
         held_out_prompts: a.held_out_prompts,
@@ -148,26 +162,44 @@ pub fn run(a: TrainArgs) -> Result<()> {
         prompts_per_file: 4,
         seed: a.seed,
     };
-    let prompts = corpus::prompts(&a.corpus, &corpus_cfg, |t| {
+    let mut prompts = corpus::prompts(&a.corpus, &corpus_cfg, |t| {
         tok.encode(t, false).map_err(|e| e.to_string())
     })?;
+    prompts
+        .held_out
+        .iter_mut()
+        .for_each(|p| p.truncate(a.prompt_tokens));
     eprintln!(
-        "[corpus: {} training prompts, {} held-out prompts of {} tokens]",
+        "[corpus: {} training prompts, {} held-out prompts of {} tokens{}]",
         prompts.train.len(),
         prompts.held_out.len(),
-        a.prompt_tokens
+        a.prompt_tokens,
+        if a.teacher_forcing {
+            ", training continuations from the corpus"
+        } else {
+            ""
+        }
     );
     let teacher = TeacherConfig {
         taps: a.taps.clone(),
         continuation_tokens: a.continuation_tokens,
         keep: a.keep,
+        forced: false,
     };
-    let mut train = Pool::new(prompts.train, teacher.clone());
+    let mut train = Pool::new(
+        prompts.train,
+        TeacherConfig {
+            forced: a.teacher_forcing,
+            ..teacher.clone()
+        },
+    );
     let held = Pool::new(prompts.held_out, teacher);
     let resuming = a.resume && checkpoint::exists(&a.out);
-    let drafter = match resuming {
-        true => Dspark::load(&a.out, &model.head())?,
-        false => {
+    let drafter = match (resuming, &a.init_from) {
+        (true, _) => Dspark::load(&a.out, &model.head())?,
+        (false, Some(dir)) => Dspark::load(dir, &model.head())
+            .with_context(|| format!("loading {}", dir.display()))?,
+        (false, None) => {
             let first: Vec<usize> = (0..a.vocab_samples.min(train.len())).collect();
             train.ensure(&model, &first)?;
             let vocab = frequent_ids(

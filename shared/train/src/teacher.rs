@@ -17,6 +17,11 @@ pub struct TeacherConfig {
     pub continuation_tokens: usize,
     /// Most likely ids kept of each target distribution.
     pub keep: usize,
+    /// Teacher forcing: the last `continuation_tokens` of each prompt are its continuation
+    /// (corpus text), scored by one target forward, instead of a continuation generated
+    /// token by token (about ten times cheaper; the drafter still learns the target's
+    /// distributions, on text the target did not write).
+    pub forced: bool,
 }
 
 /// The target's next-token distribution at one position, truncated to its most likely ids
@@ -56,6 +61,52 @@ impl Sample {
         pos.checked_sub(self.prompt_len)
             .and_then(|i| self.dists.get(i))
     }
+}
+
+/// The sample of `prompt`: [`forced`] or [`generate`]d, as `cfg` says.
+pub fn sample(model: &Gemma3, prompt: &[u32], cfg: &TeacherConfig) -> Result<Sample> {
+    match cfg.forced {
+        true => forced(model, prompt, cfg),
+        false => generate(model, prompt, cfg),
+    }
+}
+
+/// Scores `text` (prompt then `cfg.continuation_tokens` of continuation) with one target
+/// forward, recording the taps of every position and the distributions of the
+/// continuation positions.
+pub fn forced(model: &Gemma3, text: &[u32], cfg: &TeacherConfig) -> Result<Sample> {
+    let c = cfg.continuation_tokens;
+    if c < 2 || text.len() <= c {
+        return Err(TrainError::Invalid(format!(
+            "teacher forcing needs a prompt and {c} >= 2 continuation tokens, got {} tokens",
+            text.len()
+        )));
+    }
+    let (p, total) = (text.len() - c, text.len());
+    let mut cache = model.new_cache(total);
+    let opts = ForwardOptions {
+        logits: LogitsMode::All,
+        taps: cfg.taps.clone(),
+    };
+    let out = model.forward(&text[..total - 1], 0, &mut cache, &opts)?;
+    let width = cfg.taps.len() * model.config().hidden_size;
+    let mut rows = Vec::with_capacity((total - 1) * width);
+    push_rows(&out.taps, &mut rows)?;
+    let logits = out
+        .logits
+        .ok_or_else(|| TrainError::Invalid("the target returned no logits".into()))?;
+    let vocab = model.config().vocab_size;
+    let all = logits.flatten_all()?.to_vec1::<f32>()?;
+    let dists = (p..total - 1)
+        .map(|pos| sparse(&all[pos * vocab..(pos + 1) * vocab], cfg.keep.max(1)))
+        .collect();
+    Ok(Sample {
+        tokens: text.to_vec(),
+        prompt_len: p,
+        rows,
+        width,
+        dists,
+    })
 }
 
 /// Runs the target greedily after `prompt`, recording taps and distributions.
@@ -201,7 +252,7 @@ impl Pool {
         }
         let made: Vec<(usize, Sample)> = missing
             .par_iter()
-            .map(|&i| generate(model, &self.prompts[i], &self.cfg).map(|s| (i, s)))
+            .map(|&i| sample(model, &self.prompts[i], &self.cfg).map(|s| (i, s)))
             .collect::<Result<_>>()?;
         let count = made.len();
         for (i, sample) in made {

@@ -1,11 +1,12 @@
 //! The trainer on a tiny random target: it lowers the training loss and the held-out
-//! total variation, and a run resumed
-//! from a checkpoint repeats the uninterrupted run's losses.
+//! total variation, a run resumed from a checkpoint repeats the uninterrupted run's losses,
+//! and teacher forcing a generated text reproduces its sample bit for bit.
 
 mod common;
 
 use common::*;
 use tandem_train::batch::frequent_ids;
+use tandem_train::teacher::{forced, TeacherConfig};
 use tandem_train::{Event, Trainer};
 
 #[test]
@@ -112,4 +113,23 @@ fn resume_refuses_other_data_settings() {
     let mut u =
         Trainer::new(&model, drafter(&model, vocab, 1), pools(6, 0), other).expect("trainer");
     assert!(u.resume(ckpt.path()).is_err());
+}
+
+#[test]
+fn teacher_forcing_a_generated_text_reproduces_its_sample() {
+    let (_dir, model) = tiny_target();
+    let (mut train, _) = pools(2, 1);
+    train.ensure(&model, &[0]).expect("sample");
+    let generated = train.get(0).expect("generated");
+    let cfg = TeacherConfig {
+        forced: true,
+        ..teacher()
+    };
+    let scored = forced(&model, &generated.tokens, &cfg).expect("forced");
+    assert_eq!(scored.prompt_len, generated.prompt_len);
+    assert_eq!(scored.tokens, generated.tokens);
+    assert_eq!(scored.dists, generated.dists);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&scored.rows), bits(&generated.rows));
+    assert!(forced(&model, &generated.tokens[..16], &cfg).is_err());
 }

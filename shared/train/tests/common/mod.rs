@@ -125,6 +125,7 @@ pub fn teacher() -> TeacherConfig {
         taps: vec![1, 3, 5, 6],
         continuation_tokens: 16,
         keep: 16,
+        forced: false,
     }
 }
 
