@@ -84,21 +84,26 @@ pub fn forced(model: &Gemma3, text: &[u32], cfg: &TeacherConfig) -> Result<Sampl
     }
     let (p, total) = (text.len() - c, text.len());
     let mut cache = model.new_cache(total);
-    let opts = ForwardOptions {
-        logits: LogitsMode::All,
-        taps: cfg.taps.clone(),
-    };
-    let out = model.forward(&text[..total - 1], 0, &mut cache, &opts)?;
     let width = cfg.taps.len() * model.config().hidden_size;
     let mut rows = Vec::with_capacity((total - 1) * width);
-    push_rows(&out.taps, &mut rows)?;
-    let logits = out
-        .logits
-        .ok_or_else(|| TrainError::Invalid("the target returned no logits".into()))?;
+    let mut logits = None;
+    // The prompt needs no logits; the continuation's positions need all of theirs.
+    for (span, mode) in [(0..p, LogitsMode::None), (p..total - 1, LogitsMode::All)] {
+        let opts = ForwardOptions {
+            logits: mode,
+            taps: cfg.taps.clone(),
+        };
+        let out = model.forward(&text[span.clone()], span.start, &mut cache, &opts)?;
+        push_rows(&out.taps, &mut rows)?;
+        logits = out.logits;
+    }
+    let logits =
+        logits.ok_or_else(|| TrainError::Invalid("the target returned no logits".into()))?;
     let vocab = model.config().vocab_size;
     let all = logits.flatten_all()?.to_vec1::<f32>()?;
-    let dists = (p..total - 1)
-        .map(|pos| sparse(&all[pos * vocab..(pos + 1) * vocab], cfg.keep.max(1)))
+    let dists = all
+        .chunks_exact(vocab)
+        .map(|row| sparse(row, cfg.keep.max(1)))
         .collect();
     Ok(Sample {
         tokens: text.to_vec(),
