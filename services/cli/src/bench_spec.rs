@@ -92,7 +92,10 @@ pub fn run(a: SpecArgs) -> Result<()> {
         bail!("--prompts and --gammas must be >= 1 and --max-tokens >= 2");
     }
     let engine = load_engine(&a.models)?;
-    let proposer = a.drafter.proposer(&engine.model().head())?;
+    let proposer = a
+        .drafter
+        .load_any(&a.models, engine.model().head())?
+        .proposer;
     if let Some(g) = a.gammas.iter().find(|g| **g > proposer.max_gamma()) {
         bail!("γ {g} exceeds the drafter's {}", proposer.max_gamma());
     }

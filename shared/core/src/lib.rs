@@ -10,6 +10,6 @@ pub mod stopping;
 
 pub use acceptance::{accept_greedy, accept_sampled, Verdict};
 pub use proposer::{DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession};
-pub use snapshot::{PartSpec, SnapshotPart, SnapshotRows, SnapshotSpec, SnapshotSupport};
 pub use sampling::{argmax, distribution, Sampler, SamplingError, SamplingParams, SparseDist};
+pub use snapshot::{PartSpec, SnapshotPart, SnapshotRows, SnapshotSpec, SnapshotSupport};
 pub use stopping::{Chunk, FinishReason, Output, StopConfig};
