@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use tandem_assistant::{AssistantOptions, AssistantProposer};
 use tandem_core::{
-    PartSpec, ProposeError, Proposer, ProposerSession, SamplingParams, SnapshotPart, SnapshotSpec,
+    DraftBlock, PartSpec, ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams,
+    SnapshotPart, SnapshotRows, SnapshotSpec,
 };
 use tandem_e2e::*;
 use tandem_engine::{Engine, Gemma4Target, GenerationRequest, Update};
@@ -112,8 +113,20 @@ async fn assistant_speculation_over_grpc_equals_plain() {
     eprintln!("assistant over gRPC: accepted {accepted} of {drafted} drafted tokens");
 }
 
-/// Declares a snapshot and never drafts (the pool refuses it before any session).
+/// Declares a snapshot and drafts nothing (the pool refuses it before any session; the
+/// drafter's warm-up still needs one).
 struct Declares(SnapshotSpec);
+
+struct Nothing;
+
+impl ProposerSession for Nothing {
+    fn extend(&mut self, _: &SnapshotRows) -> Result<(), ProposeError> {
+        Ok(())
+    }
+    fn propose(&mut self, _: &ProposeRequest) -> Result<DraftBlock, ProposeError> {
+        Ok(DraftBlock::default())
+    }
+}
 
 impl Proposer for Declares {
     fn snapshot_spec(&self) -> SnapshotSpec {
@@ -123,7 +136,7 @@ impl Proposer for Declares {
         4
     }
     fn open(&self, _: &SamplingParams) -> Result<Box<dyn ProposerSession>, ProposeError> {
-        Err(ProposeError::Unavailable("declares only".into()))
+        Ok(Box::new(Nothing))
     }
 }
 
