@@ -215,7 +215,7 @@ async fn an_open_declaring_other_rows_is_refused() {
         .await
         .unwrap()
         .into_inner();
-    let err = stream.message().await.err().expect("refused");
+    let err = stream.message().await.expect_err("refused");
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(
         err.message()
