@@ -144,6 +144,7 @@ fn open(target: pb::TargetIdentity) -> Msg {
     Msg::Open(pb::Open {
         target: Some(target),
         sampling: None,
+        snapshot: Vec::new(),
     })
 }
 

@@ -35,7 +35,7 @@ fn held_out_prompts() -> Vec<Vec<u32>> {
 #[test]
 fn held_out_acceptance_stays_above_the_floor() {
     let engine = engine();
-    let head = engine.model().head();
+    let head = engine.model().head().expect("a Gemma 3 target has a head");
     let drafter = Dspark::load(&shipped(), &head).expect("the shipped drafter loads");
     assert_eq!(drafter.config().gamma, GAMMA);
     let proposer = DsparkProposer::new(Arc::new(drafter), &head).expect("proposer");
@@ -51,7 +51,7 @@ fn held_out_acceptance_stays_above_the_floor() {
         let mut sink = |_: &Update| ControlFlow::Continue(());
         let plain = engine.generate(&req(0), None, &mut sink).expect("plain");
         let spec = engine
-            .generate(&req(GAMMA), Some(proposer.as_ref()), &mut sink)
+            .generate(&req(GAMMA), Some(&proposer), &mut sink)
             .expect("speculative");
         assert_eq!(
             spec.tokens, plain.tokens,

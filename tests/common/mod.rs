@@ -59,7 +59,7 @@ pub fn engine() -> Engine {
 
 /// The target's identity on the wire.
 pub fn target() -> pb::TargetIdentity {
-    let t = engine().model().head().identity().expect("identity");
+    let t = engine().model().identity().expect("identity");
     pb::TargetIdentity {
         architecture: t.architecture,
         embedding_hash: t.embedding_hash,
@@ -72,7 +72,7 @@ pub fn random_drafter() -> Arc<DsparkProposer> {
     static DRAFTER: OnceLock<Arc<DsparkProposer>> = OnceLock::new();
     DRAFTER
         .get_or_init(|| {
-            let head = engine().model().head();
+            let head = engine().model().head().expect("a Gemma 3 head");
             let model =
                 Dspark::init(DsparkConfig::small(&TargetDims::of(&head)), &head, 7).expect("init");
             Arc::new(DsparkProposer::new(Arc::new(model), &head).expect("proposer"))
@@ -102,14 +102,14 @@ impl Drop for Node {
     }
 }
 
-async fn listeners(host: &str) -> (TcpListener, TcpListener) {
+pub async fn listeners(host: &str) -> (TcpListener, TcpListener) {
     (
         TcpListener::bind(format!("{host}:0")).await.unwrap(),
         TcpListener::bind("127.0.0.1:0").await.unwrap(),
     )
 }
 
-fn stopper() -> (
+pub fn stopper() -> (
     watch::Sender<bool>,
     impl std::future::Future<Output = ()> + Send + 'static,
 ) {
@@ -125,6 +125,16 @@ pub async fn start_drafter_on(
     proposer: Arc<dyn Proposer>,
     target: pb::TargetIdentity,
 ) -> Node {
+    start_drafter_kind(host, proposer, target, "dspark").await
+}
+
+/// Starts a drafter of `kind` serving `proposer` for `target` on `host` (an IP).
+pub async fn start_drafter_kind(
+    host: &str,
+    proposer: Arc<dyn Proposer>,
+    target: pb::TargetIdentity,
+    kind: &str,
+) -> Node {
     let (grpc, metrics) = listeners(host).await;
     let (url, metrics_addr) = (
         format!("http://{}", grpc.local_addr().unwrap()),
@@ -133,7 +143,7 @@ pub async fn start_drafter_on(
     let registry = Arc::new(Registry::new());
     let cfg = DrafterConfig {
         target,
-        kind: "dspark".into(),
+        kind: kind.into(),
         max_sessions: 64,
     };
     let service = DrafterService::new(proposer, cfg, DrafterMetrics::new(Arc::clone(&registry)));
@@ -175,22 +185,30 @@ impl Default for VerifierSetup {
     }
 }
 
-/// Builds the verifier's drafter pool (refreshed once).
+/// Builds the verifier's drafter pool for the real target (refreshed once).
 pub async fn pool(
     setup: &mut VerifierSetup,
     metrics: &Arc<VerifierMetrics>,
 ) -> Result<Arc<DrafterPool>, tandem_verifier::VerifierError> {
-    let cfg = engine().model().config().clone();
+    pool_for(&engine(), target(), setup, metrics).await
+}
+
+/// Builds a drafter pool for `engine`'s target, named `target` on the wire.
+pub async fn pool_for(
+    engine: &Engine,
+    target: pb::TargetIdentity,
+    setup: &mut VerifierSetup,
+    metrics: &Arc<VerifierMetrics>,
+) -> Result<Arc<DrafterPool>, tandem_verifier::VerifierError> {
     let pool_cfg = PoolConfig {
         endpoints: setup.drafters.clone(),
         session: SessionOptions {
-            target: target(),
+            target,
             open_timeout: Duration::from_secs(5),
             propose_timeout: Duration::from_secs(10),
             dtype: pb::Dtype::Bf16,
         },
-        hidden: cfg.hidden_size,
-        layers: cfg.num_hidden_layers,
+        snapshot: engine.model().snapshot_support(),
     };
     let mut pool = DrafterPool::new(
         pool_cfg,
@@ -209,7 +227,16 @@ pub async fn pool(
 }
 
 /// Starts a verifier over the real target.
-pub async fn start_verifier(mut setup: VerifierSetup) -> Node {
+pub async fn start_verifier(setup: VerifierSetup) -> Node {
+    start_verifier_for(engine(), target(), setup).await
+}
+
+/// Starts a verifier over `engine`, whose target is `target` on the wire.
+pub async fn start_verifier_for(
+    engine: Engine,
+    target: pb::TargetIdentity,
+    mut setup: VerifierSetup,
+) -> Node {
     let (grpc, metrics) = listeners("127.0.0.1").await;
     let (url, metrics_addr) = (
         format!("http://{}", grpc.local_addr().unwrap()),
@@ -220,15 +247,19 @@ pub async fn start_verifier(mut setup: VerifierSetup) -> Node {
     let pool = if setup.drafters.is_empty() {
         None
     } else {
-        Some(pool(&mut setup, &m).await.expect("pool"))
+        Some(
+            pool_for(&engine, target.clone(), &mut setup, &m)
+                .await
+                .expect("pool"),
+        )
     };
     let admission = Admission::new(setup.max_concurrent, 1 << 30, Arc::clone(&m));
     let cfg = VerifierConfig {
         gamma: setup.gamma,
         default_max_tokens: 64,
-        target: target(),
+        target,
     };
-    let service = GenerationService::new(engine(), pool, cfg, m, admission);
+    let service = GenerationService::new(engine, pool, cfg, m, admission);
     let (stop, shutdown) = stopper();
     tokio::spawn(tandem_verifier::serve(
         service, registry, grpc, metrics, shutdown,

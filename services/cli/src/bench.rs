@@ -4,6 +4,7 @@
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -11,9 +12,9 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 use tandem_gemma::{ForwardOptions, Gemma3, LogitsMode};
 
-use tandem_engine::{GenerationRequest, Update};
+use tandem_engine::{Engine, GenerationRequest, Target, Update};
 
-use crate::generate::{decode_tok_s, load_engine};
+use crate::generate::decode_tok_s;
 use crate::models::ModelArgs;
 
 /// A fixed English passage; the bench tokenizes it (repeated) and takes as many tokens as it
@@ -104,8 +105,10 @@ fn target(a: TargetArgs) -> Result<()> {
     if a.repeats == 0 || a.blocks.contains(&0) || a.prompt_tokens == 0 || a.decode_tokens < 2 {
         bail!("repeats, block sizes and prompt tokens must be >= 1 and decode tokens >= 2");
     }
-    let engine = load_engine(&a.models)?;
-    let (model, tok) = (engine.model().as_ref(), engine.tokenizer());
+    let (model, tok) = a.models.load()?;
+    let model = Arc::new(model);
+    let engine = Engine::new(Arc::clone(&model) as Arc<dyn Target>, Arc::new(tok));
+    let tok = engine.tokenizer();
     let need = a
         .prompt_tokens
         .max(a.context + a.blocks.iter().max().copied().unwrap_or(1));
@@ -133,7 +136,7 @@ fn target(a: TargetArgs) -> Result<()> {
     }
     let decode_tok_s = median(decode);
     let step_ms = 1000.0 / decode_tok_s;
-    let blocks = block_costs(model, &ids, &a, step_ms)?;
+    let blocks = block_costs(&model, &ids, &a, step_ms)?;
     let report = TargetReport {
         precision: format!("{:?}", model.precision()).to_lowercase(),
         threads: available_threads(),

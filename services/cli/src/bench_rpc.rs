@@ -90,7 +90,10 @@ pub fn run(a: RpcArgs) -> Result<()> {
         let lb = loopback::start(&a.drafter, &a.models, a.gamma).await?;
         let (engine, v_url) = (lb.engine, lb.url);
         let grpc = remote_side(&v_url, &a).await?;
-        let local_drafter = a.drafter.proposer(&engine.model().head())?;
+        let local_drafter = a
+            .drafter
+            .load_any(&a.models, engine.model().head())?
+            .proposer;
         let (max_tokens, gamma) = (a.max_tokens, a.gamma);
         let local = tokio::task::spawn_blocking(move || -> Result<Side> {
             let mut side = Side::default();

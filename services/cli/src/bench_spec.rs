@@ -128,7 +128,10 @@ pub fn run(a: SpecArgs) -> Result<()> {
         }
         false => (load_engine(&a.models)?, None),
     };
-    let proposer = a.drafter.proposer(&engine.model().head())?;
+    let proposer = a
+        .drafter
+        .load_any(&a.models, engine.model().head())?
+        .proposer;
     if max_gamma > proposer.max_gamma() {
         bail!(
             "γ {max_gamma} exceeds the drafter's {}",

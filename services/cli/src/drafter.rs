@@ -1,5 +1,7 @@
-//! Which drafter the CLI runs: the DSpark drafter shipped in this repository for Gemma 3
-//! 270M (`drafters/gemma-3-270m-dspark`, the default), a DSpark checkpoint directory, or a
+//! Which drafter the CLI runs, chosen by what `--drafter` names: `shipped` (the default: the
+//! DSpark drafter trained for Gemma 3 270M in `drafters/gemma-3-270m-dspark`), a Gemma 4
+//! assistant directory (its config.json says `gemma4_assistant`; the target must be the
+//! Gemma 4 HF directory given as `--model`), a DSpark checkpoint directory, or `random`, a
 //! randomly initialised small DSpark drafter (acceptance near zero; speculation stays
 //! lossless).
 
@@ -8,15 +10,19 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use tandem_assistant::{AssistantOptions, AssistantProposer};
+use tandem_core::Proposer;
 use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
-use tandem_gemma::TargetHead;
+use tandem_gemma::{TargetHead, TargetIdentity};
+
+use crate::models::{model_type, ModelArgs};
 
 /// Drafter selection flags.
 #[derive(Args, Debug, Clone)]
 pub struct DrafterArgs {
-    /// DSpark drafter: `shipped` (the drafter trained for Gemma 3 270M that ships in this
-    /// repository), a checkpoint directory, or `random` for a randomly initialised small
-    /// drafter.
+    /// The drafter: `shipped` (the DSpark drafter trained for Gemma 3 270M that ships in
+    /// this repository), a Gemma 4 assistant directory, a DSpark checkpoint directory, or
+    /// `random` for a randomly initialised small DSpark drafter.
     #[arg(long, env = "TANDEM_DRAFTER", default_value = SHIPPED)]
     pub drafter: String,
     /// Seed of a random drafter's weights.
@@ -64,5 +70,48 @@ impl DrafterArgs {
     pub fn proposer(&self, head: &TargetHead) -> Result<Arc<DsparkProposer>> {
         let model = self.load(head)?;
         Ok(Arc::new(DsparkProposer::new(model, head)?))
+    }
+}
+
+/// A drafter ready to serve, with what it was made for.
+pub struct LoadedDrafter {
+    /// The proposer.
+    pub proposer: Arc<dyn Proposer>,
+    /// The target it drafts for.
+    pub target: TargetIdentity,
+    /// Its kind, as Info reports it.
+    pub kind: &'static str,
+}
+
+impl DrafterArgs {
+    /// Whether `--drafter` names a Gemma 4 assistant directory.
+    fn is_assistant(&self) -> Result<bool> {
+        let dir = Path::new(&self.drafter);
+        Ok(dir.is_dir() && model_type(dir)?.as_deref() == Some("gemma4_assistant"))
+    }
+
+    /// Loads whichever drafter `--drafter` names for the target of `models`; a DSpark
+    /// drafter scores through `head` (the loaded target's) or, without one, through the
+    /// head read from the target file.
+    pub fn load_any(&self, models: &ModelArgs, head: Option<TargetHead>) -> Result<LoadedDrafter> {
+        if self.is_assistant()? {
+            let (dir, target) = (Path::new(&self.drafter), models.model_path()?);
+            let p = AssistantProposer::load(dir, &target, AssistantOptions::default())
+                .with_context(|| format!("loading assistant drafter {}", dir.display()))?;
+            return Ok(LoadedDrafter {
+                target: p.target().clone(),
+                proposer: Arc::new(p),
+                kind: "gemma4-assistant",
+            });
+        }
+        let head = match head {
+            Some(h) => h,
+            None => models.load_head()?,
+        };
+        Ok(LoadedDrafter {
+            target: head.identity()?,
+            proposer: self.proposer(&head)?,
+            kind: "dspark",
+        })
     }
 }

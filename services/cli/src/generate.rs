@@ -95,7 +95,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         eprintln!("\n[{}]", summary(&out));
         return Ok(());
     }
-    let proposer = args.drafter.proposer(&engine.model().head())?;
+    let proposer = args
+        .drafter
+        .load_any(&args.models, engine.model().head())?
+        .proposer;
     if args.drafter.drafter == "random" {
         eprintln!("[drafter: randomly initialised; expect almost no accepted tokens]");
     }
@@ -161,8 +164,8 @@ fn run_remote(url: &str, args: &GenerateArgs) -> Result<()> {
 
 /// Loads the target and tokenizer named by `models` into an engine.
 pub fn load_engine(models: &ModelArgs) -> Result<Engine> {
-    let (model, tok) = models.load()?;
-    Ok(Engine::new(Arc::new(model), Arc::new(tok)))
+    let (model, tok) = models.load_target()?;
+    Ok(Engine::new(model, Arc::new(tok)))
 }
 
 /// Runs `req`, writing its text to stdout as it comes.

@@ -4,6 +4,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use std::sync::Arc;
+
+use tandem_engine::{Gemma4Target, Target};
+use tandem_gemma::gemma4::Gemma4;
 use tandem_gemma::{Gemma3, LoadOptions, Precision, TargetHead};
 use tandem_tokenizer::GemmaTokenizer;
 
@@ -87,7 +91,21 @@ impl ModelArgs {
         TargetHead::load(&path).with_context(|| format!("loading {}", display(&path)))
     }
 
-    /// Loads the target model and its tokenizer.
+    /// Loads the target (Gemma 4 when `--model` is an HF directory whose config says
+    /// `gemma4*`, Gemma 3 otherwise) and its tokenizer.
+    pub fn load_target(&self) -> Result<(Arc<dyn Target>, GemmaTokenizer)> {
+        let path = self.model_path()?;
+        if !(path.is_dir() && model_type(&path)?.is_some_and(|t| t.starts_with("gemma4"))) {
+            let (model, tok) = self.load()?;
+            return Ok((Arc::new(model), tok));
+        }
+        let tok_path = self.resolve(&self.tokenizer, DEFAULT_TOKENIZER, "tokenizer")?;
+        let model = Gemma4::load(&path).with_context(|| format!("loading {}", display(&path)))?;
+        let target = Gemma4Target::new(Arc::new(model))?;
+        Ok((Arc::new(target), GemmaTokenizer::from_file(&tok_path)?))
+    }
+
+    /// Loads the Gemma 3 target model and its tokenizer.
     pub fn load(&self) -> Result<(Gemma3, GemmaTokenizer)> {
         let model_path = self.model_path()?;
         let tok_path = self.resolve(&self.tokenizer, DEFAULT_TOKENIZER, "tokenizer")?;
@@ -103,4 +121,17 @@ impl ModelArgs {
 
 fn display(p: &Path) -> String {
     p.display().to_string()
+}
+
+/// The `model_type` of an HF directory's config.json (`None` without one).
+pub fn model_type(dir: &Path) -> Result<Option<String>> {
+    let path = dir.join("config.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", display(&path)))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", display(&path)))?;
+    Ok(value["model_type"].as_str().map(str::to_string))
 }

@@ -177,18 +177,18 @@ pub(crate) fn drafter_service(
     models: &ModelArgs,
     opts: &DrafterOptions,
 ) -> Result<(DrafterService, Arc<Registry>)> {
-    let head = models.load_head()?;
-    let proposer = drafter.proposer(&head)?;
+    let loaded = drafter.load_any(models, None)?;
     if drafter.drafter == "random" {
         eprintln!("tandem: drafter is randomly initialised (--drafter random): output is exact, acceptance near zero");
     }
     let registry = Arc::new(Registry::new());
     let cfg = DrafterConfig {
-        target: identity_pb(&head.identity()?),
-        kind: "dspark".into(),
+        target: identity_pb(&loaded.target),
+        kind: loaded.kind.into(),
         max_sessions: opts.max_sessions,
     };
-    let service = DrafterService::new(proposer, cfg, DrafterMetrics::new(Arc::clone(&registry)));
+    let metrics = DrafterMetrics::new(Arc::clone(&registry));
+    let service = DrafterService::new(loaded.proposer, cfg, metrics);
     Ok((service, registry))
 }
 
@@ -210,10 +210,9 @@ pub(crate) async fn verifier_service(
     o: &VerifierOptions,
 ) -> Result<(GenerationService, Arc<Registry>)> {
     let engine = load_engine(models)?;
-    let target = identity_pb(&engine.model().head().identity()?);
+    let target = identity_pb(&engine.model().identity()?);
     let registry = Arc::new(Registry::new());
     let metrics = Arc::new(VerifierMetrics::new(&registry, o.gamma));
-    let cfg = engine.model().config();
     let pool = if drafters.is_empty() {
         None
     } else {
@@ -225,8 +224,7 @@ pub(crate) async fn verifier_service(
                 propose_timeout: Duration::from_millis(o.propose_timeout_ms),
                 dtype: pb::Dtype::Bf16,
             },
-            hidden: cfg.hidden_size,
-            layers: cfg.num_hidden_layers,
+            snapshot: engine.model().snapshot_support(),
         };
         let pool = Arc::new(DrafterPool::new(
             pool_cfg,

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pb::draft_request::Msg;
-use tandem_core::{ProposeRequest, Proposer, ProposerSession};
+use tandem_core::{ProposeRequest, Proposer, ProposerSession, SnapshotSpec};
 use tandem_proto::codec::{block_to_pb, rows_from_pb, sampling_from_pb};
+use tandem_proto::spec::{spec_from_pb, spec_to_pb};
 use tandem_proto::v1 as pb;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
@@ -26,7 +27,7 @@ const RESPONSE_BUFFER: usize = 4;
 pub struct DrafterConfig {
     /// The target this drafter's model was made for.
     pub target: pb::TargetIdentity,
-    /// Drafter kind for Info (e.g. "dspark").
+    /// Drafter kind for Info ("dspark" or "gemma4-assistant").
     pub kind: String,
     /// Most sessions open at once.
     pub max_sessions: usize,
@@ -96,12 +97,21 @@ impl pb::drafter_server::Drafter for DrafterService {
 
     async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::DrafterInfo>, Status> {
         let spec = self.shared.proposer.snapshot_spec();
+        let hidden = spec.parts.first().map_or(0, |p| p.width);
+        // Verifiers that predate snapshot parts read taps and hidden_size: fill them only
+        // when they say everything (every part a tap of one width).
+        let taps = spec.tap_layers();
+        let legacy = taps.len() == spec.parts.len() && spec.parts.iter().all(|p| p.width == hidden);
         Ok(Response::new(pb::DrafterInfo {
             target: Some(self.shared.cfg.target.clone()),
-            taps: spec.taps.iter().map(|t| *t as u32).collect(),
-            hidden_size: spec.hidden as u32,
+            taps: match legacy {
+                true => taps.iter().map(|t| *t as u32).collect(),
+                false => Vec::new(),
+            },
+            hidden_size: hidden as u32,
             max_gamma: self.shared.proposer.max_gamma() as u32,
             kind: self.shared.cfg.kind.clone(),
+            snapshot: spec_to_pb(&spec),
         }))
     }
 }
@@ -160,13 +170,7 @@ fn run_session(shared: &Shared, link: &mut Link) -> Result<(), DrafterError> {
         Some(Msg::Open(open)) => open,
         Some(_) => return Err(DrafterError::UnknownSession),
     };
-    let ours = &shared.cfg.target;
-    if open.target.as_ref() != Some(ours) {
-        return Err(DrafterError::TargetMismatch {
-            ours: describe(Some(ours)),
-            theirs: describe(open.target.as_ref()),
-        });
-    }
+    let spec = check_open(shared, &open)?;
     let sampling = sampling_from_pb(open.sampling.as_ref());
     sampling
         .validate()
@@ -180,7 +184,7 @@ fn run_session(shared: &Shared, link: &mut Link) -> Result<(), DrafterError> {
     if !link.send(pb::draft_response::Msg::Opened(opened)) {
         return Ok(());
     }
-    let width = shared.proposer.snapshot_spec().row_width();
+    let width = spec.row_width();
     while let Some(msg) = link.next() {
         match msg {
             Msg::Rows(rows) => {
@@ -203,6 +207,28 @@ fn run_session(shared: &Shared, link: &mut Link) -> Result<(), DrafterError> {
         }
     }
     Ok(())
+}
+
+/// The session's snapshot, once Open names this drafter's target and, when it declares the
+/// rows it will send, exactly this drafter's snapshot.
+fn check_open(shared: &Shared, open: &pb::Open) -> Result<SnapshotSpec, DrafterError> {
+    let ours = &shared.cfg.target;
+    if open.target.as_ref() != Some(ours) {
+        return Err(DrafterError::TargetMismatch {
+            ours: describe(Some(ours)),
+            theirs: describe(open.target.as_ref()),
+        });
+    }
+    let spec = shared.proposer.snapshot_spec();
+    if !open.snapshot.is_empty() {
+        let theirs = spec_from_pb(&open.snapshot)?;
+        if theirs != spec {
+            return Err(DrafterError::Invalid(format!(
+                "the verifier would send snapshot rows of {theirs}, this drafter needs {spec}"
+            )));
+        }
+    }
+    Ok(spec)
 }
 
 fn propose(

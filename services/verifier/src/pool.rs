@@ -13,14 +13,17 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use pb::drafter_client::DrafterClient;
-use tandem_core::{ProposeError, Proposer, ProposerSession, SamplingParams, SnapshotSpec};
+use tandem_core::{
+    ProposeError, Proposer, ProposerSession, SamplingParams, SnapshotSpec, SnapshotSupport,
+};
+use tandem_proto::spec::spec_from_info;
 use tandem_proto::v1 as pb;
 use tokio::runtime::Handle;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::VerifierError;
 use crate::metrics::VerifierMetrics;
-use crate::remote::{RemoteSession, SessionOptions};
+use crate::remote::{Link, RemoteSession, SessionOptions};
 
 /// Longest wait for a drafter's Info answer.
 const INFO_TIMEOUT: Duration = Duration::from_secs(3);
@@ -131,10 +134,9 @@ pub struct PoolConfig {
     pub endpoints: Vec<String>,
     /// How sessions talk to drafters.
     pub session: SessionOptions,
-    /// The target's hidden size and layer count (taps must fit them).
-    pub hidden: usize,
-    /// Target decoder layers.
-    pub layers: usize,
+    /// What the target can export: a drafter whose declared snapshot does not fit it is
+    /// refused.
+    pub snapshot: SnapshotSupport,
 }
 
 /// The drafters a verifier drafts with; a [`Proposer`] over all of them.
@@ -296,21 +298,16 @@ impl DrafterPool {
                 ours.architecture, ours.embedding_hash
             ));
         }
-        let spec = SnapshotSpec {
-            taps: info.taps.iter().map(|t| *t as usize).collect(),
-            hidden: info.hidden_size as usize,
-        };
-        if spec.hidden != self.cfg.hidden
-            || spec.taps.is_empty()
-            || spec.taps.iter().any(|t| *t > self.cfg.layers)
-        {
-            return Err(format!("its snapshot {spec:?} does not fit the target"));
-        }
+        let spec = spec_from_info(info).map_err(|e| e.0)?;
+        self.cfg
+            .snapshot
+            .check(&spec)
+            .map_err(|why| format!("its snapshot {spec} does not fit the target: {why}"))?;
         let mut agreed = self.agreed.write().unwrap_or_else(|p| p.into_inner());
         match agreed.as_ref() {
             Some(a) if a.spec != spec => Err(format!(
-                "its taps {:?} differ from the pool's {:?}",
-                spec.taps, a.spec.taps
+                "its snapshot {spec} differs from the pool's {}",
+                a.spec
             )),
             Some(_) => Ok(()),
             None => {
@@ -347,13 +344,7 @@ impl Proposer for DrafterPool {
             .agreed
             .read()
             .map_or_else(|p| p.into_inner().clone(), |a| a.clone());
-        agreed.map_or(
-            SnapshotSpec {
-                taps: Vec::new(),
-                hidden: self.cfg.hidden,
-            },
-            |a| a.spec,
-        )
+        agreed.map_or_else(SnapshotSpec::default, |a| a.spec)
     }
 
     fn max_gamma(&self) -> usize {
@@ -368,13 +359,12 @@ impl Proposer for DrafterPool {
         let mut last = ProposeError::Unavailable("no drafter available".into());
         for member in self.candidates().into_iter().take(OPEN_ATTEMPTS) {
             let errors = self.metrics.draft_rpc_errors.clone();
-            match RemoteSession::open(
-                Arc::clone(&member),
-                sampling,
-                &self.cfg.session,
-                self.handle.clone(),
+            let link = Link {
+                handle: self.handle.clone(),
                 errors,
-            ) {
+                snapshot: self.snapshot_spec(),
+            };
+            match RemoteSession::open(Arc::clone(&member), sampling, &self.cfg.session, link) {
                 Ok(s) => return Ok(Box::new(s)),
                 Err(e @ ProposeError::Invalid(_)) => return Err(e),
                 Err(e) => {

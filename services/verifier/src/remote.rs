@@ -11,8 +11,10 @@ use std::time::Duration;
 use pb::draft_request::Msg;
 use tandem_core::{
     DraftBlock, ProposeError, ProposeRequest, ProposerSession, SamplingParams, SnapshotRows,
+    SnapshotSpec,
 };
 use tandem_proto::codec::{rows_to_pb, sampling_to_pb};
+use tandem_proto::spec::spec_to_pb;
 use tandem_proto::v1 as pb;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
@@ -37,6 +39,17 @@ pub struct SessionOptions {
     pub propose_timeout: Duration,
     /// Wire type of context rows.
     pub dtype: pb::Dtype,
+}
+
+/// What a session runs on besides its drafter: the runtime, the error counter and the
+/// snapshot the pool agreed on (sent in Open, so the drafter can refuse a mismatch).
+pub struct Link {
+    /// Drives the network steps from the engine's blocking thread.
+    pub handle: Handle,
+    /// Counts failed calls.
+    pub errors: Counter,
+    /// The snapshot every context row will carry.
+    pub snapshot: SnapshotSpec,
 }
 
 /// One generation's stream to one drafter.
@@ -68,19 +81,18 @@ impl RemoteSession {
         member: Arc<Member>,
         sampling: &SamplingParams,
         opts: &SessionOptions,
-        handle: Handle,
-        errors: Counter,
+        link: Link,
     ) -> Result<Self, ProposeError> {
         member.active.fetch_add(1, Ordering::SeqCst);
-        let opened = Self::connect(&member, sampling, opts, &handle);
+        let opened = Self::connect(&member, sampling, opts, &link);
         match opened {
             Ok((tx, rx)) => Ok(Self {
                 member,
                 tx,
                 rx,
-                handle,
+                handle: link.handle,
                 opts: opts.clone(),
-                errors,
+                errors: link.errors,
             }),
             Err(e) => {
                 member.active.fetch_sub(1, Ordering::SeqCst);
@@ -93,12 +105,14 @@ impl RemoteSession {
         member: &Member,
         sampling: &SamplingParams,
         opts: &SessionOptions,
-        handle: &Handle,
+        link: &Link,
     ) -> Result<(mpsc::Sender<pb::DraftRequest>, Streaming<pb::DraftResponse>), ProposeError> {
+        let handle = &link.handle;
         let (tx, rx) = mpsc::channel(REQUEST_BUFFER);
         let open = Msg::Open(pb::Open {
             target: Some(opts.target.clone()),
             sampling: Some(sampling_to_pb(sampling)),
+            snapshot: spec_to_pb(&link.snapshot),
         });
         tx.try_send(pb::DraftRequest { msg: Some(open) })
             .map_err(|_| ProposeError::Unavailable("request buffer full".into()))?;

@@ -115,14 +115,14 @@ impl pb::generation_server::Generation for GenerationService {
         &self,
         _: Request<pb::GetModelInfoRequest>,
     ) -> Result<Response<pb::ModelInfo>, Status> {
-        let cfg = self.inner.engine.model().config();
+        let cfg = self.inner.engine.model().facts();
         let pool = self.inner.pool.as_ref();
         Ok(Response::new(pb::ModelInfo {
             target: Some(self.inner.cfg.target.clone()),
             vocab_size: cfg.vocab_size as u32,
             hidden_size: cfg.hidden_size as u32,
-            num_layers: cfg.num_hidden_layers as u32,
-            max_context: cfg.max_position_embeddings as u32,
+            num_layers: cfg.num_layers as u32,
+            max_context: cfg.max_context as u32,
             speculative: pool.is_some_and(|p| p.max_gamma() > 0),
             max_gamma: pool.map_or(0, |p| self.inner.cfg.gamma.min(p.max_gamma())) as u32,
             drafters: pool.map_or_else(Vec::new, |p| p.endpoints().to_vec()),
@@ -152,7 +152,7 @@ impl Inner {
         let max_tokens = r
             .max_tokens
             .map_or(self.cfg.default_max_tokens, |m| m as usize);
-        let context = self.engine.model().config().max_position_embeddings;
+        let context = self.engine.model().facts().max_context;
         if max_tokens == 0 {
             return Err(invalid("max_tokens must be at least 1".into()));
         }

@@ -5,11 +5,11 @@
 pub mod acceptance;
 pub mod proposer;
 pub mod sampling;
+pub mod snapshot;
 pub mod stopping;
 
 pub use acceptance::{accept_greedy, accept_sampled, Verdict};
-pub use proposer::{
-    DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, SnapshotRows, SnapshotSpec,
-};
+pub use proposer::{DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession};
 pub use sampling::{argmax, distribution, Sampler, SamplingError, SamplingParams, SparseDist};
+pub use snapshot::{PartSpec, SnapshotPart, SnapshotRows, SnapshotSpec, SnapshotSupport};
 pub use stopping::{Chunk, FinishReason, Output, StopConfig};

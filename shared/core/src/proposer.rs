@@ -5,41 +5,7 @@
 //! it and frees what the proposer held for it.
 
 use crate::sampling::{SamplingParams, SparseDist};
-
-/// What a proposer needs to see of each committed target position.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SnapshotSpec {
-    /// Target hidden-state taps, concatenated per row in this order: `i` below the number of
-    /// target layers is the output of layer `i`; the number of layers means the final norm.
-    pub taps: Vec<usize>,
-    /// Width of one tap (the target hidden size).
-    pub hidden: usize,
-}
-
-impl SnapshotSpec {
-    /// Floats per snapshot row.
-    pub fn row_width(&self) -> usize {
-        self.taps.len() * self.hidden
-    }
-}
-
-/// Snapshot rows of consecutive committed positions `start..start + rows()`.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct SnapshotRows {
-    /// Position of the first row.
-    pub start: usize,
-    /// Floats per row ([`SnapshotSpec::row_width`]).
-    pub width: usize,
-    /// Row-major `rows × width` values.
-    pub data: Vec<f32>,
-}
-
-impl SnapshotRows {
-    /// Number of rows.
-    pub fn rows(&self) -> usize {
-        self.data.len().checked_div(self.width).unwrap_or(0)
-    }
-}
+use crate::snapshot::{SnapshotRows, SnapshotSpec};
 
 /// What the verifier asks for: `gamma` tokens following `anchor`, which sits at `position`
 /// (the number of committed positions: the anchor itself is not yet committed).
@@ -94,25 +60,4 @@ pub trait ProposerSession: Send {
     fn extend(&mut self, rows: &SnapshotRows) -> Result<(), ProposeError>;
     /// Drafts a block. `req.position` must equal the number of positions received.
     fn propose(&mut self, req: &ProposeRequest) -> Result<DraftBlock, ProposeError>;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rows_follow_width() {
-        let spec = SnapshotSpec {
-            taps: vec![3, 17, 18],
-            hidden: 4,
-        };
-        let rows = SnapshotRows {
-            start: 5,
-            width: spec.row_width(),
-            data: vec![0.0; 24],
-        };
-        assert_eq!(spec.row_width(), 12);
-        assert_eq!(rows.rows(), 2);
-        assert_eq!(SnapshotRows::default().rows(), 0);
-    }
 }

@@ -34,10 +34,7 @@ impl DsparkProposer {
 
 impl Proposer for DsparkProposer {
     fn snapshot_spec(&self) -> SnapshotSpec {
-        SnapshotSpec {
-            taps: self.model.config().tap_layers.clone(),
-            hidden: self.model.dims().hidden,
-        }
+        SnapshotSpec::taps(&self.model.config().tap_layers, self.model.dims().hidden)
     }
 
     fn max_gamma(&self) -> usize {

@@ -100,7 +100,7 @@ fn greedy_drafting_returns_point_masses() {
         }
     }
     assert_eq!(p.max_gamma(), 4);
-    assert_eq!(p.snapshot_spec().taps, vec![1, 3, LAYERS]);
+    assert_eq!(p.snapshot_spec().tap_layers(), vec![1, 3, LAYERS]);
 }
 
 #[test]

@@ -32,7 +32,7 @@ fn random_drafter_proposes_on_real_taps() {
     let mut cache = target.new_cache(32);
     let opts = ForwardOptions {
         logits: LogitsMode::None,
-        taps: proposer.snapshot_spec().taps,
+        taps: proposer.snapshot_spec().tap_layers(),
     };
     let out = target
         .forward(&tokens, 0, &mut cache, &opts)

@@ -1,14 +1,15 @@
-//! The engine's side of a proposer session: opening it, turning the target's hidden-state
-//! taps into snapshot rows, and checking every drafted block before the round trusts it.
+//! The engine's side of a proposer session: opening it (when the target can export the
+//! snapshot the proposer declares), handing it exactly the rows of newly committed
+//! positions, and checking every drafted block before the round trusts it.
 
-use candle_core::Tensor;
 use tandem_core::{
     DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams,
     SnapshotRows, SnapshotSpec,
 };
 
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::stats::SpecStats;
+use crate::target::Target;
 
 /// Largest deviation from 1 tolerated in the total of a draft distribution.
 const DIST_TOLERANCE: f32 = 1e-3;
@@ -21,16 +22,24 @@ pub(crate) struct Drafting {
 }
 
 impl Drafting {
-    /// Opens a session; a proposer that cannot serve is counted and left out.
+    /// Opens a session; a proposer that cannot serve, or whose snapshot the target cannot
+    /// export, is counted and left out.
     pub(crate) fn open(
         proposer: &dyn Proposer,
+        target: &dyn Target,
         sampling: &SamplingParams,
         stats: &mut SpecStats,
     ) -> Option<Self> {
-        match proposer.open(sampling) {
+        let spec = proposer.snapshot_spec();
+        let opened = target
+            .snapshot_support()
+            .check(&spec)
+            .map_err(ProposeError::Invalid)
+            .and_then(|()| proposer.open(sampling));
+        match opened {
             Ok(session) => Some(Self {
                 session,
-                spec: proposer.snapshot_spec(),
+                spec,
                 greedy: sampling.is_greedy(),
             }),
             Err(e) => {
@@ -46,16 +55,27 @@ impl Drafting {
         &self.spec
     }
 
-    /// Sends the first `rows` rows of `taps` (one `[m, hidden]` tensor per tap of the spec)
-    /// as the snapshot of positions `pos..pos + rows`. The outer error is the engine's own;
-    /// the inner one the proposer's.
+    /// Sends the first `rows` rows of `snapshot` (rows of the spec, from one forward) as the
+    /// snapshot of positions `pos..pos + rows`. The outer error is the engine's own; the
+    /// inner one the proposer's.
     pub(crate) fn extend(
         &mut self,
-        taps: &[Tensor],
+        snapshot: &[f32],
         pos: usize,
         rows: usize,
     ) -> Result<std::result::Result<(), ProposeError>> {
-        let rows = snapshot_rows(taps, pos, rows, self.spec.hidden)?;
+        let width = self.spec.row_width();
+        let data = snapshot.get(..rows * width).ok_or_else(|| {
+            EngineError::InvalidRequest(format!(
+                "the target returned {} snapshot floats, {rows} rows of {width} needed",
+                snapshot.len()
+            ))
+        })?;
+        let rows = SnapshotRows {
+            start: pos,
+            width,
+            data: data.to_vec(),
+        };
         Ok(self.session.extend(&rows))
     }
 
@@ -76,27 +96,6 @@ impl Drafting {
         check_block(&block, gamma, vocab, self.greedy)?;
         Ok(block)
     }
-}
-
-/// Interleaves taps into rows: row `r` is `[tap0[r]; tap1[r]; …]`.
-fn snapshot_rows(
-    taps: &[Tensor],
-    start: usize,
-    rows: usize,
-    hidden: usize,
-) -> Result<SnapshotRows> {
-    let taps: Vec<Vec<f32>> = taps
-        .iter()
-        .map(|t| t.narrow(0, 0, rows)?.flatten_all()?.to_vec1::<f32>())
-        .collect::<candle_core::Result<_>>()?;
-    let width = taps.len() * hidden;
-    let mut data = Vec::with_capacity(rows * width);
-    for r in 0..rows {
-        for tap in &taps {
-            data.extend_from_slice(&tap[r * hidden..(r + 1) * hidden]);
-        }
-    }
-    Ok(SnapshotRows { start, width, data })
 }
 
 /// A block the round can use: at most `gamma` in-vocabulary tokens, and when sampling, one
@@ -173,17 +172,5 @@ mod tests {
             probs: vec![0.5],
         };
         assert!(check_block(&block(&[2], vec![half]), 2, 10, false).is_err());
-    }
-
-    #[test]
-    fn rows_interleave_taps() -> Result<()> {
-        let dev = &candle_core::Device::Cpu;
-        let a = Tensor::from_vec(vec![1f32, 2., 3., 4., 5., 6.], (3, 2), dev)?;
-        let b = Tensor::from_vec(vec![10f32, 20., 30., 40., 50., 60.], (3, 2), dev)?;
-        let rows = snapshot_rows(&[a, b], 7, 2, 2)?;
-        assert_eq!(rows.start, 7);
-        assert_eq!(rows.rows(), 2);
-        assert_eq!(rows.data, vec![1., 2., 10., 20., 3., 4., 30., 40.]);
-        Ok(())
     }
 }

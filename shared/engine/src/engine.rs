@@ -13,15 +13,16 @@ use std::time::Instant;
 use candle_core::Tensor;
 use tandem_core::{
     accept_greedy, accept_sampled, argmax, distribution, Chunk, DraftBlock, FinishReason, Output,
-    Proposer, Sampler, Verdict,
+    Proposer, Sampler, SnapshotSpec, Verdict,
 };
-use tandem_gemma::{ForwardOptions, ForwardOutput, Gemma3, KvCache, LogitsMode};
+use tandem_gemma::LogitsMode;
 use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
 
 use crate::drafting::Drafting;
 use crate::error::{EngineError, Result};
 use crate::request::GenerationRequest;
 use crate::stats::{RoundStats, SpecStats, Timing};
+use crate::target::{Target, TargetSequence, TargetStep};
 
 /// What the caller's sink receives after the first token and after every round.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,18 +56,18 @@ pub type Sink<'s> = dyn FnMut(&Update) -> ControlFlow<()> + 's;
 /// A target model with its tokenizer, shared by all generations.
 #[derive(Clone)]
 pub struct Engine {
-    model: Arc<Gemma3>,
+    model: Arc<dyn Target>,
     tokenizer: Arc<GemmaTokenizer>,
 }
 
 impl Engine {
-    /// An engine over a loaded target and its tokenizer.
-    pub fn new(model: Arc<Gemma3>, tokenizer: Arc<GemmaTokenizer>) -> Self {
+    /// An engine over a loaded target (Gemma 3 or Gemma 4) and its tokenizer.
+    pub fn new(model: Arc<dyn Target>, tokenizer: Arc<GemmaTokenizer>) -> Self {
         Self { model, tokenizer }
     }
 
     /// The target.
-    pub fn model(&self) -> &Arc<Gemma3> {
+    pub fn model(&self) -> &Arc<dyn Target> {
         &self.model
     }
 
@@ -97,24 +98,23 @@ impl Engine {
     /// Most KV-cache bytes `req` can hold while it runs with blocks of up to `gamma` drafted
     /// tokens (the cache grows as positions commit; this is its ceiling).
     pub fn cache_bytes(&self, req: &GenerationRequest, gamma: usize) -> usize {
-        let cfg = self.model.config();
-        cache_positions(req, gamma, cfg.max_position_embeddings)
-            * KvCache::bytes_per_position_for(cfg)
+        let facts = self.model.facts();
+        cache_positions(req, gamma, facts.max_context) * facts.kv_bytes_per_position
     }
 
     fn check_prompt(&self, prompt: &[u32]) -> Result<()> {
-        let cfg = self.model.config();
+        let cfg = self.model.facts();
         if let Some(t) = prompt.iter().find(|t| **t as usize >= cfg.vocab_size) {
             return Err(EngineError::InvalidRequest(format!(
                 "prompt token {t} is outside the vocabulary of {}",
                 cfg.vocab_size
             )));
         }
-        if prompt.len() >= cfg.max_position_embeddings {
+        if prompt.len() >= cfg.max_context {
             return Err(EngineError::InvalidRequest(format!(
                 "the prompt has {} tokens; the model's context is {}",
                 prompt.len(),
-                cfg.max_position_embeddings
+                cfg.max_context
             )));
         }
         Ok(())
@@ -123,9 +123,9 @@ impl Engine {
 
 /// The state of one running generation.
 struct Generation<'e> {
-    model: &'e Gemma3,
     req: &'e GenerationRequest,
-    cache: KvCache,
+    cache: Box<dyn TargetSequence + 'e>,
+    vocab: usize,
     sampler: Sampler,
     output: Output,
     stream: StreamDecoder<'e>,
@@ -146,16 +146,18 @@ impl<'e> Generation<'e> {
         let gamma = proposer.map_or(0, |p| req.gamma.min(p.max_gamma()));
         let mut stats = SpecStats::default();
         let drafting = match proposer {
-            Some(p) if gamma > 0 => Drafting::open(p, &req.sampling, &mut stats),
+            Some(p) if gamma > 0 => {
+                Drafting::open(p, engine.model.as_ref(), &req.sampling, &mut stats)
+            }
             _ => None,
         };
-        let max_context = engine.model.config().max_position_embeddings;
+        let facts = engine.model.facts();
         Ok(Self {
-            model: &engine.model,
             req,
             cache: engine
                 .model
-                .new_cache(cache_positions(req, gamma, max_context)),
+                .start(cache_positions(req, gamma, facts.max_context)),
+            vocab: facts.vocab_size,
             sampler: Sampler::new(req.sampling)?,
             output: Output::new(req.stop_config(engine.tokenizer.stop_ids())),
             stream: engine.tokenizer.stream(),
@@ -185,23 +187,17 @@ impl<'e> Generation<'e> {
         Ok(())
     }
 
-    fn forward_options(&self, logits: LogitsMode) -> ForwardOptions {
-        ForwardOptions {
-            logits,
-            taps: self
-                .drafting
-                .as_ref()
-                .map_or_else(Vec::new, |d| d.spec().taps.clone()),
-        }
+    /// Runs `tokens` at `pos`, with the snapshot rows the proposer (if any) consumes.
+    fn forward(&mut self, tokens: &[u32], pos: usize, logits: LogitsMode) -> Result<TargetStep> {
+        let none = SnapshotSpec::default();
+        let spec = self.drafting.as_ref().map_or(&none, |d| d.spec());
+        self.cache.forward(tokens, pos, logits, spec)
     }
 
     /// Runs the prompt and chooses the first token.
     fn prefill(&mut self) -> Result<u32> {
         let t0 = Instant::now();
-        let opts = self.forward_options(LogitsMode::Last);
-        let out = self
-            .model
-            .forward(&self.req.prompt, 0, &mut self.cache, &opts)?;
+        let out = self.forward(&self.req.prompt, 0, LogitsMode::Last)?;
         self.timing.prefill_s = t0.elapsed().as_secs_f64();
         self.send_rows(&out, 0, self.req.prompt.len())?;
         let verdict = self.verify(&out, &DraftBlock::default())?;
@@ -215,7 +211,7 @@ impl<'e> Generation<'e> {
         let gamma = self.gamma.min(self.output.remaining() - 1).min(room);
         let t0 = Instant::now();
         let draft = match (&mut self.drafting, gamma) {
-            (Some(d), 1..) => d.propose(anchor, n, gamma, self.model.config().vocab_size),
+            (Some(d), 1..) => d.propose(anchor, n, gamma, self.vocab),
             _ => Ok(DraftBlock::default()),
         }
         .unwrap_or_else(|e| {
@@ -226,8 +222,7 @@ impl<'e> Generation<'e> {
         let mut block = vec![anchor];
         block.extend_from_slice(&draft.tokens);
         let t1 = Instant::now();
-        let opts = self.forward_options(LogitsMode::All);
-        let out = self.model.forward(&block, n, &mut self.cache, &opts)?;
+        let out = self.forward(&block, n, LogitsMode::All)?;
         let verdict = self.verify(&out, &draft)?;
         self.cache.truncate(n + verdict.accepted + 1)?;
         let verify_s = t1.elapsed().as_secs_f64();
@@ -245,7 +240,7 @@ impl<'e> Generation<'e> {
 
     /// Accepts a prefix of `draft` against the target logits of `out` and chooses the next
     /// token, with the request's sampling applied identically to plain decoding.
-    fn verify(&mut self, out: &ForwardOutput, draft: &DraftBlock) -> Result<Verdict> {
+    fn verify(&mut self, out: &TargetStep, draft: &DraftBlock) -> Result<Verdict> {
         let logits = out
             .logits
             .as_ref()
@@ -268,11 +263,11 @@ impl<'e> Generation<'e> {
     }
 
     /// Sends the proposer the snapshot rows of `rows` newly committed positions from `pos`.
-    fn send_rows(&mut self, out: &ForwardOutput, pos: usize, rows: usize) -> Result<()> {
+    fn send_rows(&mut self, out: &TargetStep, pos: usize, rows: usize) -> Result<()> {
         let Some(d) = &mut self.drafting else {
             return Ok(());
         };
-        if let Err(e) = d.extend(&out.taps, pos, rows)? {
+        if let Err(e) = d.extend(&out.snapshot, pos, rows)? {
             self.drop_drafting(&e);
         }
         Ok(())

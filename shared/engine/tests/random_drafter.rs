@@ -16,7 +16,7 @@ use common::{engine, generate, reference, request, PROMPTS};
 const NEW_TOKENS: usize = 64;
 
 fn random_drafter() -> DsparkProposer {
-    let head = engine().model().head();
+    let head = engine().model().head().expect("a Gemma 3 head");
     let cfg = DsparkConfig::small(&TargetDims::of(&head));
     let model = Dspark::init(cfg, &head, 7).expect("init");
     DsparkProposer::new(Arc::new(model), &head).expect("proposer")

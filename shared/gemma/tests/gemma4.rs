@@ -250,7 +250,7 @@ fn assistant_rejects_donors_that_do_not_fit() {
     };
     let err = assistant
         .draft(&model.embedding(), &[row], 1)
-        .expect_err("donors hold 4 positions, position 6 needs 7");
+        .expect_err("donors hold 4 positions, position 6 needs 6");
     assert!(err.to_string().contains("holds 4 positions"), "{err}");
     let (cache, _, _) = prefill(&model, prompt);
     let mut donors = cache.donors().expect("donors");

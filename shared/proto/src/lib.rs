@@ -1,5 +1,6 @@
 //! The tandem.v1 wire contract, generated from proto/tandem/v1 at build time, and the codec
-//! between wire messages and tandem's core types.
+//! between wire messages and tandem's core types (rows and blocks in `codec`, the snapshot
+//! declaration in `spec`).
 
 /// Package `tandem.v1`.
 #[allow(missing_docs, clippy::all)]
@@ -12,3 +13,4 @@ pub mod v1 {
 }
 
 pub mod codec;
+pub mod spec;

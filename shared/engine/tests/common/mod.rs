@@ -210,8 +210,5 @@ impl ProposerSession for OracleSession {
 
 /// The snapshot a DSpark drafter for the 270M would ask for.
 pub fn spec_270m() -> SnapshotSpec {
-    SnapshotSpec {
-        taps: vec![5, 11, 17, 18],
-        hidden: 640,
-    }
+    SnapshotSpec::taps(&[5, 11, 17, 18], 640)
 }

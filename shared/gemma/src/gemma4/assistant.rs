@@ -7,9 +7,13 @@
 //! then a few Gemma 4 layers whose attention is query-only over the target's donor keys
 //! and values (the last non-shared sliding layer for sliding layers, the last full one for
 //! full layers) at the row's fixed position, the final norm, the head, and
-//! `post_projection(h)` as the next step's "target hidden". Sliding layers see the last
-//! `sliding_window + 1` donor positions up to the row's position: transformers' assistant
-//! mask is `|position - kv| <= sliding_window` (the MLX drafter uses `sliding_window`).
+//! `post_projection(h)` as the next step's "target hidden". A row's donors hold either the
+//! row's position itself (the token was already run by the target) or only the positions
+//! before it (speculative decoding: the anchor is not yet run, and the hidden is that of the
+//! position before it, as in transformers' generation loop); queries attend to every donor
+//! position up to the row's. Sliding layers see donor positions `kv` with
+//! `position - kv <= sliding_window`: transformers' assistant mask is
+//! `|position - kv| <= sliding_window` (the MLX drafter uses `sliding_window`).
 
 use std::path::Path;
 
@@ -29,11 +33,13 @@ use crate::ops::rms_norm;
 pub struct DraftRow<'a> {
     /// The last committed token (its target embedding is the first input).
     pub token: u32,
-    /// The target's final-norm hidden state at `position` (`backbone_hidden_size` floats).
+    /// The target's final-norm hidden state at the last position it ran: `position`, or
+    /// `position - 1` when `token` is not yet run (`backbone_hidden_size` floats).
     pub hidden: &'a [f32],
     /// Position of `token`; every step of the row attends from here.
     pub position: usize,
-    /// The target's donor keys and values, holding at least positions `0..=position`.
+    /// The target's donor keys and values, holding at least positions `0..position` (and
+    /// at least one position); keys past `position` are not read.
     pub donors: Donors<'a>,
 }
 
@@ -196,13 +202,15 @@ impl Gemma4Assistant {
 
     fn attend(&self, l: &Layer, q: &[f32], rows: &[DraftRow<'_>]) -> Vec<f32> {
         let q_dim = self.cfg.text.num_attention_heads * l.spec.head_dim;
-        let window = self.cfg.text.sliding_window + 1;
         rows.iter()
             .zip(q.chunks_exact(q_dim))
             .flat_map(|(row, qr)| {
                 let donor = self.donor(row, l.spec.sliding);
+                // The last key read; checked to be `position` or `position - 1`.
+                let last = row.position.min(donor.len() - 1);
+                let window = self.cfg.text.sliding_window + 1 + last - row.position;
                 let spec = AttnSpec {
-                    pos0: row.position,
+                    pos0: last,
                     n_heads: self.cfg.text.num_attention_heads,
                     n_kv_heads: donor.kv_heads,
                     head_dim: donor.head_dim,
@@ -236,12 +244,12 @@ fn check_donor(
             donor.kv_heads, donor.head_dim, l.spec.head_dim
         )));
     }
-    if donor.len() <= row.position || donor.v.len() != donor.k.len() {
+    if donor.len() < row.position.max(1) || donor.v.len() != donor.k.len() {
         return Err(GemmaError::Request(format!(
             "row {r}: {kind} donor holds {} positions, position {} needs {}",
             donor.len(),
             row.position,
-            row.position + 1
+            row.position.max(1)
         )));
     }
     Ok(())

@@ -98,19 +98,24 @@ impl Gemma4Cache {
         self.len * per * std::mem::size_of::<f32>()
     }
 
+    /// The keys and values (committed positions only) of target layer `layer`, when that
+    /// layer computes its own (it is below the first KV-shared layer).
+    pub fn layer_kv(&self, layer: usize) -> Option<DonorKv<'_>> {
+        let (kv_heads, head_dim) = *self.dims.get(layer)?;
+        let n = self.len * kv_heads * head_dim;
+        Some(DonorKv {
+            k: &self.slots[layer].k[..n],
+            v: &self.slots[layer].v[..n],
+            kv_heads,
+            head_dim,
+        })
+    }
+
     /// The donor keys and values (committed positions only) the assistant drafter reads.
     pub fn donors(&self) -> Result<Donors<'_>> {
         let slot = |i: Option<usize>, kind: &str| -> Result<DonorKv<'_>> {
-            let i = i.ok_or_else(|| {
+            i.and_then(|i| self.layer_kv(i)).ok_or_else(|| {
                 GemmaError::Config(format!("the target has no non-shared {kind} layer"))
-            })?;
-            let (kv_heads, head_dim) = self.dims[i];
-            let n = self.len * kv_heads * head_dim;
-            Ok(DonorKv {
-                k: &self.slots[i].k[..n],
-                v: &self.slots[i].v[..n],
-                kv_heads,
-                head_dim,
             })
         };
         Ok(Donors {

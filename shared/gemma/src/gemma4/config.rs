@@ -348,6 +348,16 @@ impl Gemma4Config {
         Ok(())
     }
 
+    /// Bytes of keys and values one position costs in a cache (f32, layers with their own
+    /// keys and values only).
+    pub fn kv_bytes_per_position(&self) -> usize {
+        let floats: usize = self.layers[..self.first_shared_layer()]
+            .iter()
+            .map(|l| 2 * l.kv_dim())
+            .sum();
+        floats * std::mem::size_of::<f32>()
+    }
+
     /// The RoPE of a layer type.
     pub fn rope(&self, sliding: bool) -> RopeParams {
         if sliding {

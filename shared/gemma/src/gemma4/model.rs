@@ -14,6 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
+use sha2::{Digest, Sha256};
 use tandem_kernels::QMatrix;
 
 use super::block::{linear, FeedForward, Query, Weights};
@@ -22,6 +23,7 @@ use super::config::{Gemma4Config, LayerSpec};
 use super::ple::{PerLayerGate, PerLayerInputs};
 use crate::attention::{attend, AttnSpec};
 use crate::error::{GemmaError, Result};
+use crate::head::TargetIdentity;
 use crate::model::LogitsMode;
 use crate::ops::{rms_norm, rms_norm_rows, softcap, Rope};
 
@@ -34,6 +36,46 @@ pub struct Gemma4Embedding {
 }
 
 impl Gemma4Embedding {
+    /// Reads the config and only the input embedding of a Gemma 4 HF directory (what the
+    /// assistant drafter needs of its target).
+    pub fn load(dir: &Path) -> Result<(Gemma4Config, Self)> {
+        let (w, text) = Weights::open(dir)?;
+        let cfg = parse_config(dir, &text)?;
+        let embedding = Self::read(&w, &cfg)?;
+        Ok((cfg, embedding))
+    }
+
+    fn read(w: &Weights, cfg: &Gemma4Config) -> Result<Self> {
+        let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+        Ok(Self {
+            table: Arc::new(w.matrix(&w.model("embed_tokens.weight"), v, h)?),
+            scale: (h as f64).sqrt() as f32,
+        })
+    }
+
+    /// The target's identity: architecture `gemma4` and the SHA-256 over the vocabulary
+    /// size, the hidden size and every 64th (unscaled) embedding row, as Gemma 3 targets
+    /// hash theirs.
+    pub fn identity(&self) -> Result<TargetIdentity> {
+        let mut hasher = Sha256::new();
+        hasher.update((self.vocab_size() as u64).to_le_bytes());
+        hasher.update((self.width() as u64).to_le_bytes());
+        let mut row = vec![0f32; self.width()];
+        for r in (0..self.vocab_size()).step_by(IDENTITY_ROW_STRIDE) {
+            self.table.dequantize_row(r, &mut row)?;
+            row.iter().for_each(|x| hasher.update(x.to_le_bytes()));
+        }
+        let hash = hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(TargetIdentity {
+            architecture: "gemma4".into(),
+            embedding_hash: hash,
+        })
+    }
+
     /// Width of one embedding.
     pub fn width(&self) -> usize {
         self.table.k()
@@ -57,6 +99,19 @@ impl Gemma4Embedding {
         row.iter_mut().for_each(|v| *v *= self.scale);
         Ok(())
     }
+}
+
+/// Every `IDENTITY_ROW_STRIDE`-th embedding row enters [`Gemma4Embedding::identity`].
+const IDENTITY_ROW_STRIDE: usize = 64;
+
+/// A target config read from `dir/config.json`, with its KV sharing checked.
+fn parse_config(dir: &Path, text: &str) -> Result<Gemma4Config> {
+    let cfg = Gemma4Config::from_hf_json(text).map_err(|e| match e {
+        GemmaError::Config(reason) => GemmaError::format(dir.join("config.json"), reason),
+        other => other,
+    })?;
+    cfg.check_sharing()?;
+    Ok(cfg)
 }
 
 /// What one forward over a block of `m` tokens returns.
@@ -140,17 +195,13 @@ impl Gemma4 {
     /// Loads an HF directory (`config.json` + safetensors). On any error nothing stays loaded.
     pub fn load(dir: &Path) -> Result<Self> {
         let (w, text) = Weights::open(dir)?;
-        let cfg = Gemma4Config::from_hf_json(&text).map_err(|e| match e {
-            GemmaError::Config(reason) => GemmaError::format(dir.join("config.json"), reason),
-            other => other,
-        })?;
-        cfg.check_sharing()?;
+        let cfg = parse_config(dir, &text)?;
         Self::build(cfg, &w)
     }
 
     fn build(cfg: Gemma4Config, w: &Weights) -> Result<Self> {
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
-        let table = Arc::new(w.matrix(&w.model("embed_tokens.weight"), v, h)?);
+        let embedding = Gemma4Embedding::read(w, &cfg)?;
         let lm_head = match cfg.tie_word_embeddings {
             true => None,
             false => Some(w.matrix("lm_head.weight", v, h)?),
@@ -163,10 +214,7 @@ impl Gemma4 {
             .map(|i| Self::layer(w, &cfg, i))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            embedding: Gemma4Embedding {
-                table,
-                scale: (h as f64).sqrt() as f32,
-            },
+            embedding,
             lm_head,
             ple,
             layers,

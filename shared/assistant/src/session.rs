@@ -1,0 +1,134 @@
+//! One generation's mirror of the target: the donor keys and values of every committed
+//! position (sliding and full donor layer) and the last committed position's hidden state,
+//! appended in order from snapshot rows; `propose` drafts from them.
+
+use std::sync::Arc;
+
+use tandem_core::{
+    DraftBlock, ProposeError, ProposeRequest, ProposerSession, SnapshotRows, SparseDist,
+};
+use tandem_gemma::gemma4::{DonorKv, Donors, DraftRow};
+
+use crate::proposer::{DonorLayer, Shared};
+
+/// Keys and values of one donor layer, `len × width` each.
+#[derive(Default)]
+struct Mirror {
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl Mirror {
+    fn view(&self, d: DonorLayer) -> DonorKv<'_> {
+        DonorKv {
+            k: &self.k,
+            v: &self.v,
+            kv_heads: d.kv_heads,
+            head_dim: d.head_dim,
+        }
+    }
+}
+
+/// A drafting session.
+pub(crate) struct AssistantSession {
+    shared: Arc<Shared>,
+    /// The sliding donor's mirror, then the full donor's.
+    mirrors: [Mirror; 2],
+    last_hidden: Vec<f32>,
+    len: usize,
+}
+
+fn invalid<T>(msg: String) -> Result<T, ProposeError> {
+    Err(ProposeError::Invalid(msg))
+}
+
+impl AssistantSession {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            mirrors: [Mirror::default(), Mirror::default()],
+            last_hidden: Vec::new(),
+            len: 0,
+        }
+    }
+
+    fn check(&self, req: &ProposeRequest) -> Result<(), ProposeError> {
+        let sh = &self.shared;
+        if req.position != self.len || self.len == 0 {
+            return invalid(format!(
+                "proposal at position {} after {} committed positions",
+                req.position, self.len
+            ));
+        }
+        if req.gamma == 0 || req.gamma > sh.max_gamma {
+            return invalid(format!(
+                "γ must be in 1..={}, got {}",
+                sh.max_gamma, req.gamma
+            ));
+        }
+        if req.anchor as usize >= sh.embedding.vocab_size() {
+            return invalid(format!("anchor {} is outside the vocabulary", req.anchor));
+        }
+        Ok(())
+    }
+}
+
+impl ProposerSession for AssistantSession {
+    fn extend(&mut self, rows: &SnapshotRows) -> Result<(), ProposeError> {
+        let width = self.shared.spec.row_width();
+        if rows.width != width {
+            return invalid(format!("rows are {} wide, expected {width}", rows.width));
+        }
+        if rows.start != self.len {
+            return invalid(format!(
+                "rows start at position {}, {} positions received",
+                rows.start, self.len
+            ));
+        }
+        let layout = &self.shared.layout;
+        for row in rows.data.chunks_exact(width) {
+            for (mirror, (k, v)) in self.mirrors.iter_mut().zip(&layout.donors) {
+                mirror.k.extend_from_slice(&row[k.clone()]);
+                mirror.v.extend_from_slice(&row[v.clone()]);
+            }
+            self.last_hidden = row[layout.hidden.clone()].to_vec();
+        }
+        self.len += rows.rows();
+        Ok(())
+    }
+
+    fn propose(&mut self, req: &ProposeRequest) -> Result<DraftBlock, ProposeError> {
+        self.check(req)?;
+        let sh = &self.shared;
+        let [sliding, full] = sh.donors;
+        let row = DraftRow {
+            token: req.anchor,
+            hidden: &self.last_hidden,
+            position: req.position,
+            donors: Donors {
+                sliding: self.mirrors[0].view(sliding),
+                full: self.mirrors[1].view(full),
+            },
+        };
+        let drafts = sh
+            .model
+            .draft(&sh.embedding, &[row], req.gamma)
+            .map_err(|e| ProposeError::Unavailable(format!("assistant: {e}")))?;
+        let tokens = drafts
+            .into_iter()
+            .next()
+            .map(|d| d.tokens)
+            .unwrap_or_default();
+        Ok(DraftBlock {
+            confidences: vec![1.0; tokens.len()],
+            dists: tokens
+                .iter()
+                .map(|t| SparseDist {
+                    ids: vec![*t],
+                    probs: vec![1.0],
+                })
+                .collect(),
+            tokens,
+        })
+    }
+}

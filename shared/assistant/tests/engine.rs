@@ -1,0 +1,261 @@
+//! The assistant drafter in the engine on the tiny random Gemma 4 target and assistants of
+//! the transformers goldens (`shared/gemma/tests/fixtures/gemma4`): greedy speculative
+//! output equals plain output token for token, and a proposer that does not fit the target
+//! is refused at load with a clear error. Prompts are token ids; text goes through the
+//! Gemma 3 tokenizer (same id space below 256), fetched by scripts/fetch-models.sh.
+#![allow(missing_docs, clippy::unwrap_used)]
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tandem_assistant::{AssistantError, AssistantOptions, AssistantProposer};
+use tandem_core::{ProposeRequest, Proposer, SamplingParams, SnapshotRows};
+use tandem_engine::{Engine, Gemma4Target, GenerationRequest, Outcome, Target, Update};
+use tandem_gemma::gemma4::{DraftRow, Gemma4, Gemma4Assistant};
+use tandem_gemma::{GemmaError, LogitsMode};
+use tandem_tokenizer::GemmaTokenizer;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../gemma/tests/fixtures/gemma4")
+}
+
+fn tokenizer() -> GemmaTokenizer {
+    let dir = std::env::var_os("TANDEM_MODELS_DIR").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/tandem/models"),
+        PathBuf::from,
+    );
+    let path = dir.join("gemma-3-tokenizer/tokenizer.json");
+    assert!(
+        path.is_file(),
+        "{} missing: run scripts/fetch-models.sh",
+        path.display()
+    );
+    GemmaTokenizer::from_file(&path).unwrap()
+}
+
+fn engine() -> Engine {
+    let model = Arc::new(Gemma4::load(&fixtures().join("target_ple")).unwrap());
+    Engine::new(
+        Arc::new(Gemma4Target::new(model).unwrap()),
+        Arc::new(tokenizer()),
+    )
+}
+
+fn proposer(name: &str) -> AssistantProposer {
+    let opts = AssistantOptions { max_gamma: 8 };
+    AssistantProposer::load(&fixtures().join(name), &fixtures().join("target_ple"), opts).unwrap()
+}
+
+/// Eight prompts of 2..=16 ids below the tiny vocabulary of 256, from a fixed LCG.
+fn prompts() -> Vec<Vec<u32>> {
+    let mut state = 12345u64;
+    (0..8)
+        .map(|i| {
+            (0..2 + 2 * i)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (state >> 33) as u32 % 256
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn run(engine: &Engine, req: &GenerationRequest, proposer: Option<&dyn Proposer>) -> Outcome {
+    engine
+        .generate(req, proposer, &mut |_: &Update| ControlFlow::Continue(()))
+        .unwrap()
+}
+
+fn request(prompt: &[u32], gamma: usize, sampling: SamplingParams) -> GenerationRequest {
+    GenerationRequest {
+        prompt: prompt.to_vec(),
+        max_tokens: 48,
+        ignore_eos: true,
+        gamma,
+        sampling,
+        ..GenerationRequest::default()
+    }
+}
+
+#[test]
+fn greedy_speculative_output_is_plain_output() {
+    let engine = engine();
+    for name in ["assistant_dense", "assistant_centroids"] {
+        let drafter = proposer(name);
+        for gamma in [1, 4, 8] {
+            let (mut drafted, mut accepted) = (0, 0);
+            for prompt in prompts() {
+                let req = request(&prompt, gamma, SamplingParams::default());
+                let plain = run(&engine, &req, None);
+                let spec = run(&engine, &req, Some(&drafter));
+                assert_eq!(spec.tokens, plain.tokens, "{name} γ={gamma} {prompt:?}");
+                assert_eq!(spec.spec.proposer_failures, 0);
+                assert!(spec.spec.drafts > 0);
+                drafted += spec.spec.draft_tokens;
+                accepted += spec.spec.accepted_tokens;
+            }
+            eprintln!("{name} γ={gamma}: accepted {accepted} of {drafted} drafted tokens");
+        }
+    }
+}
+
+/// Sampled requests draft point masses; seeded runs reproduce exactly.
+#[test]
+fn sampled_speculation_is_seeded_and_runs_without_failures() {
+    let engine = engine();
+    let drafter = proposer("assistant_dense");
+    let sampling = SamplingParams {
+        temperature: 0.8,
+        seed: 3,
+        ..SamplingParams::default()
+    };
+    let req = request(&prompts()[4], 4, sampling);
+    let a = run(&engine, &req, Some(&drafter));
+    let b = run(&engine, &req, Some(&drafter));
+    assert_eq!(a.tokens, b.tokens);
+    assert_eq!(a.spec.proposer_failures, 0);
+    assert_eq!(a.tokens.len(), 48);
+}
+
+/// The assistant's snapshot fits the target: the last hidden state and the keys and values
+/// of the last non-shared sliding (3) and full (2) layers.
+#[test]
+fn the_declared_snapshot_fits_the_target() {
+    let spec = proposer("assistant_dense").snapshot_spec();
+    assert_eq!(
+        spec.to_string(),
+        "[tap(6)×64, key(3)×16, value(3)×16, key(2)×32, value(2)×32]"
+    );
+    assert_eq!(engine().model().snapshot_support().check(&spec), Ok(()));
+}
+
+/// A copy of fixture `name` with its config changed by `edit`, or a tensor dropped.
+fn edited(
+    name: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+    drop: Option<&str>,
+) -> tempfile::TempDir {
+    let src = fixtures().join(name);
+    let dir = tempfile::tempdir().unwrap();
+    let dev = candle_core::Device::Cpu;
+    let mut tensors = candle_core::safetensors::load(src.join("model.safetensors"), &dev).unwrap();
+    if let Some(t) = drop {
+        tensors.remove(t);
+    }
+    candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+fn load(assistant: &Path, target: &Path) -> Result<AssistantProposer, AssistantError> {
+    AssistantProposer::load(assistant, target, AssistantOptions::default())
+}
+
+#[test]
+fn assistants_that_do_not_fit_are_refused_clearly() {
+    let target = fixtures().join("target_ple");
+    let missing = edited("assistant_dense", |_| (), Some("pre_projection.weight"));
+    let e = load(missing.path(), &target).err().unwrap();
+    assert!(
+        matches!(&e, AssistantError::Model(GemmaError::MissingTensor(t)) if t == "pre_projection.weight"),
+        "{e}"
+    );
+    let narrow = edited(
+        "assistant_dense",
+        |c| c["backbone_hidden_size"] = 32.into(),
+        None,
+    );
+    let e = load(narrow.path(), &target).err().unwrap();
+    assert!(
+        matches!(&e, AssistantError::Model(GemmaError::ShapeMismatch { .. })),
+        "{e}"
+    );
+    let vocab = edited(
+        "assistant_dense",
+        |c| c["text_config"]["vocab_size"] = 128.into(),
+        None,
+    );
+    let e = load(vocab.path(), &target).err().unwrap();
+    assert!(
+        e.to_string()
+            .contains("embed_tokens.weight has shape [256, 32]"),
+        "{e}"
+    );
+    let head = edited(
+        "target_ple",
+        |c| {
+            c["per_layer_config"]["2"]["head_dim"] = 16.into();
+            c["per_layer_config"]["5"]["head_dim"] = 16.into();
+        },
+        None,
+    );
+    let e = load(&fixtures().join("assistant_dense"), head.path())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("full donor (layer 2)"), "{e}");
+    let e = load(
+        &fixtures().join("assistant_dense"),
+        Path::new("/nonexistent"),
+    )
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("/nonexistent"), "{e}");
+}
+
+/// Snapshot rows the Gemma 4 target exports, sent in two pieces, rebuild in the session
+/// exactly the donors and hidden state the assistant reads from the target's own cache.
+#[test]
+fn a_session_drafts_what_the_assistant_drafts_from_the_target_cache() {
+    let model = Arc::new(Gemma4::load(&fixtures().join("target_ple")).unwrap());
+    let target = Gemma4Target::new(Arc::clone(&model)).unwrap();
+    let drafter = proposer("assistant_dense");
+    let spec = drafter.snapshot_spec();
+    let (prompt, w, (anchor, gamma)) = (prompts()[5].clone(), spec.row_width(), (17, 6));
+    let n = prompt.len();
+    let mut seq = target.start(64);
+    let step = seq.forward(&prompt, 0, LogitsMode::None, &spec).unwrap();
+    let mut session = drafter.open(&SamplingParams::default()).unwrap();
+    let rows = |start: usize, end: usize| SnapshotRows {
+        start,
+        width: w,
+        data: step.snapshot[start * w..end * w].to_vec(),
+    };
+    session.extend(&rows(0, 5)).unwrap();
+    assert!(session.extend(&rows(6, n)).is_err(), "a gap is refused");
+    session.extend(&rows(5, n)).unwrap();
+    let req = ProposeRequest {
+        anchor,
+        position: n,
+        gamma,
+    };
+    let block = session.propose(&req).unwrap();
+    let mut cache = model.new_cache(64);
+    let out = model
+        .forward(&prompt, 0, &mut cache, LogitsMode::None)
+        .unwrap();
+    let hidden = out.last_hidden.to_vec2::<f32>().unwrap()[n - 1].clone();
+    let assistant = Gemma4Assistant::load(&fixtures().join("assistant_dense")).unwrap();
+    let row = DraftRow {
+        token: anchor,
+        hidden: &hidden,
+        position: n,
+        donors: cache.donors().unwrap(),
+    };
+    let reference = assistant.draft(&model.embedding(), &[row], gamma).unwrap();
+    assert_eq!(block.tokens, reference[0].tokens);
+    let stale = ProposeRequest {
+        position: n - 1,
+        ..req
+    };
+    assert!(
+        session.propose(&stale).is_err(),
+        "a position behind the mirror is refused"
+    );
+}

@@ -1,0 +1,124 @@
+//! [`Target`] for Gemma 3: snapshot rows are hidden-state taps of any layer (DSpark's
+//! snapshot), interleaved per row in the spec's order.
+
+use candle_core::Tensor;
+use tandem_core::{SnapshotPart, SnapshotSpec, SnapshotSupport};
+use tandem_gemma::{ForwardOptions, Gemma3, KvCache, LogitsMode, TargetHead, TargetIdentity};
+
+use super::{Target, TargetFacts, TargetSequence, TargetStep};
+use crate::error::{EngineError, Result};
+
+impl Target for Gemma3 {
+    fn facts(&self) -> TargetFacts {
+        let cfg = self.config();
+        TargetFacts {
+            vocab_size: cfg.vocab_size,
+            num_layers: cfg.num_hidden_layers,
+            hidden_size: cfg.hidden_size,
+            max_context: cfg.max_position_embeddings,
+            kv_bytes_per_position: KvCache::bytes_per_position_for(cfg),
+        }
+    }
+
+    fn identity(&self) -> Result<TargetIdentity> {
+        Ok(self.head().identity()?)
+    }
+
+    fn snapshot_support(&self) -> SnapshotSupport {
+        SnapshotSupport {
+            layers: self.config().num_hidden_layers,
+            hidden: self.config().hidden_size,
+            inner_taps: true,
+            donors: Vec::new(),
+        }
+    }
+
+    fn head(&self) -> Option<TargetHead> {
+        Some(Gemma3::head(self))
+    }
+
+    fn start(&self, max_len: usize) -> Box<dyn TargetSequence + '_> {
+        Box::new(Sequence {
+            model: self,
+            cache: self.new_cache(max_len),
+        })
+    }
+}
+
+struct Sequence<'m> {
+    model: &'m Gemma3,
+    cache: KvCache,
+}
+
+impl TargetSequence for Sequence<'_> {
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        logits: LogitsMode,
+        spec: &SnapshotSpec,
+    ) -> Result<TargetStep> {
+        let taps = spec
+            .parts
+            .iter()
+            .map(|p| match p.part {
+                SnapshotPart::Tap(l) => Ok(l),
+                other => Err(EngineError::InvalidRequest(format!(
+                    "a Gemma 3 target cannot export {other}"
+                ))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let opts = ForwardOptions { logits, taps };
+        let out = self.model.forward(tokens, pos, &mut self.cache, &opts)?;
+        Ok(TargetStep {
+            logits: out.logits,
+            snapshot: interleave(&out.taps, tokens.len())?,
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    fn max_len(&self) -> usize {
+        self.cache.max_len()
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        Ok(self.cache.truncate(len)?)
+    }
+}
+
+/// Interleaves `[rows, width]` taps into rows: row `r` is `[tap0[r]; tap1[r]; …]`.
+fn interleave(taps: &[Tensor], rows: usize) -> Result<Vec<f32>> {
+    let taps: Vec<Vec<f32>> = taps
+        .iter()
+        .map(|t| t.flatten_all()?.to_vec1::<f32>())
+        .collect::<candle_core::Result<_>>()?;
+    let mut data = Vec::with_capacity(taps.iter().map(Vec::len).sum());
+    for r in 0..rows {
+        for tap in &taps {
+            let w = tap.len() / rows;
+            data.extend_from_slice(&tap[r * w..(r + 1) * w]);
+        }
+    }
+    Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_interleave_taps() -> Result<()> {
+        let dev = &candle_core::Device::Cpu;
+        let a = Tensor::from_vec(vec![1f32, 2., 3., 4., 5., 6.], (3, 2), dev)?;
+        let b = Tensor::from_vec(vec![10f32, 20., 30., 40., 50., 60.], (3, 2), dev)?;
+        let rows = interleave(&[a, b], 3)?;
+        assert_eq!(
+            rows,
+            vec![1., 2., 10., 20., 3., 4., 30., 40., 5., 6., 50., 60.]
+        );
+        Ok(())
+    }
+}

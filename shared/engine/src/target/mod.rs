@@ -1,0 +1,79 @@
+//! The engine's view of a target model: a narrow trait over what the round needs (a
+//! forward over a block with a rollback-able cache, returning logits rows and the snapshot
+//! rows a [`SnapshotSpec`] asks for; a few facts; the identity drafters are checked
+//! against), implemented for Gemma 3 ([`tandem_gemma::Gemma3`]) and Gemma 4 text
+//! ([`tandem_gemma::gemma4::Gemma4`]).
+
+mod gemma3;
+mod gemma4;
+
+pub use gemma4::Gemma4Target;
+
+use candle_core::Tensor;
+use tandem_core::{SnapshotSpec, SnapshotSupport};
+use tandem_gemma::{LogitsMode, TargetHead, TargetIdentity};
+
+use crate::error::Result;
+
+/// Sizes of a target the engine and the services plan with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TargetFacts {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Width of a hidden state.
+    pub hidden_size: usize,
+    /// Longest sequence.
+    pub max_context: usize,
+    /// KV-cache bytes one position costs.
+    pub kv_bytes_per_position: usize,
+}
+
+/// What one forward over a block of `m` tokens returns.
+#[derive(Debug)]
+pub struct TargetStep {
+    /// `[rows, vocab]` f32 logits (`rows` = `m`, 1 or 0 by [`LogitsMode`]).
+    pub logits: Option<Tensor>,
+    /// `m` snapshot rows of the requested spec, row-major.
+    pub snapshot: Vec<f32>,
+}
+
+/// A target model, shared by all generations.
+pub trait Target: Send + Sync {
+    /// Its sizes.
+    fn facts(&self) -> TargetFacts;
+    /// Which target this is (drafters made for another one are refused).
+    fn identity(&self) -> Result<TargetIdentity>;
+    /// The snapshot parts it can export.
+    fn snapshot_support(&self) -> SnapshotSupport;
+    /// The Gemma 3 input embedding and output head a DSpark drafter scores through, when
+    /// this target has one.
+    fn head(&self) -> Option<TargetHead>;
+    /// A fresh sequence (an empty KV cache) of at most `max_len` positions.
+    fn start(&self, max_len: usize) -> Box<dyn TargetSequence + '_>;
+}
+
+/// One sequence on a target: its KV cache and the forward that extends it.
+pub trait TargetSequence: Send {
+    /// Runs `tokens` at positions `pos..pos + m` (`pos` must be [`Self::len`]) and returns
+    /// the logits `logits` asks for and the rows of `spec` (which must fit the target's
+    /// [`Target::snapshot_support`]) for every block position.
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        logits: LogitsMode,
+        spec: &SnapshotSpec,
+    ) -> Result<TargetStep>;
+    /// Committed positions.
+    fn len(&self) -> usize;
+    /// Whether no position is committed.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The most positions the sequence may hold.
+    fn max_len(&self) -> usize;
+    /// Rolls back to the first `len` positions.
+    fn truncate(&mut self, len: usize) -> Result<()>;
+}
