@@ -17,10 +17,10 @@ const GAMMA: usize = 8;
 const MAX_TOKENS: usize = 32;
 /// Prompts used (the first ones of the committed held-out file).
 const PROMPTS: usize = 12;
-/// Lowest acceptable mean acceptance length over those prompts (see the model card: the
-/// measured value, less a margin for nothing but future retraining noise; the run is
-/// deterministic).
-const FLOOR_TAU: f64 = 1.0;
+/// Lowest acceptable mean acceptance length over those prompts. Measured 1.498 (243 rounds;
+/// greedy and batch invariant, so the run is deterministic on one instruction set); the
+/// margin allows for near-ties resolved differently by another kernel implementation.
+const FLOOR_TAU: f64 = 1.40;
 
 fn shipped() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../drafters/gemma-3-270m-dspark")
