@@ -256,6 +256,7 @@ pub async fn start_verifier_for(
     let admission = Admission::new(setup.max_concurrent, 1 << 30, Arc::clone(&m));
     let cfg = VerifierConfig {
         gamma: setup.gamma,
+        adaptive_gamma: false,
         default_max_tokens: 64,
         target,
     };

@@ -87,7 +87,7 @@ pub fn run(a: RpcArgs) -> Result<()> {
         bail!("--gamma must be at least 1 and --max-tokens at least 2");
     }
     let report = serve::runtime()?.block_on(async {
-        let lb = loopback::start(&a.drafter, &a.models, a.gamma).await?;
+        let lb = loopback::start(&a.drafter, &a.models, a.gamma, false).await?;
         let (engine, v_url) = (lb.engine, lb.url);
         let grpc = remote_side(&v_url, &a).await?;
         let local_drafter = a

@@ -40,6 +40,10 @@ pub struct SpecArgs {
     /// instead of running them in process.
     #[arg(long)]
     services: bool,
+    /// Each γ is the largest block of an adaptive draft length (`--adaptive-gamma`) rather
+    /// than the length of every block.
+    #[arg(long)]
+    adaptive_gamma: bool,
     /// Prompts to run.
     #[arg(long, default_value_t = 4)]
     prompts: usize,
@@ -123,7 +127,12 @@ pub fn run(a: SpecArgs) -> Result<()> {
     let rt = serve::runtime()?;
     let (engine, url) = match a.services {
         true => {
-            let lb = rt.block_on(loopback::start(&a.drafter, &a.models, max_gamma))?;
+            let lb = rt.block_on(loopback::start(
+                &a.drafter,
+                &a.models,
+                max_gamma,
+                a.adaptive_gamma,
+            ))?;
             (lb.engine, Some(lb.url))
         }
         false => (load_engine(&a.models)?, None),
@@ -266,6 +275,7 @@ fn decode_all(
             sampling,
             ignore_eos: true,
             gamma,
+            adaptive_gamma: a.adaptive_gamma,
             ..GenerationRequest::default()
         };
         let proposer = (gamma > 0).then_some(proposer);

@@ -48,6 +48,9 @@ pub struct GenerateArgs {
     /// Tokens drafted per round (speculative only).
     #[arg(long, default_value_t = 8)]
     gamma: usize,
+    /// Let each round choose its draft length up to --gamma (in process, speculative only).
+    #[arg(long)]
+    adaptive_gamma: bool,
     /// Send the request to a verifier (e.g. http://127.0.0.1:50051) instead of running the
     /// model here; speculation then follows --speculative.
     #[arg(long)]
@@ -75,6 +78,7 @@ impl GenerateArgs {
             stop_strings: self.stop.clone(),
             ignore_eos: self.ignore_eos,
             gamma: if self.speculative { self.gamma } else { 0 },
+            adaptive_gamma: self.adaptive_gamma,
         };
         if self.speculative && self.gamma == 0 {
             anyhow::bail!("--gamma must be at least 1");

@@ -19,9 +19,14 @@ pub struct Loopback {
     pub engine: Engine,
 }
 
-/// Starts a drafter serving `drafter` and a verifier with server γ `gamma` on the current
-/// tokio runtime; returns once both report SERVING.
-pub async fn start(drafter: &DrafterArgs, models: &ModelArgs, gamma: usize) -> Result<Loopback> {
+/// Starts a drafter serving `drafter` and a verifier with server γ `gamma` (adaptive or
+/// not) on the current tokio runtime; returns once both report SERVING.
+pub async fn start(
+    drafter: &DrafterArgs,
+    models: &ModelArgs,
+    gamma: usize,
+    adaptive: bool,
+) -> Result<Loopback> {
     let (service, d_registry) =
         serve::drafter_service(drafter, models, &DrafterOptions::default())?;
     let (d_grpc, d_metrics) = (
@@ -37,8 +42,12 @@ pub async fn start(drafter: &DrafterArgs, models: &ModelArgs, gamma: usize) -> R
         pending(),
     ));
     serve::wait_serving(&d_url).await?;
-    let (service, registry) =
-        serve::verifier_service(models, vec![d_url], &VerifierOptions::with_gamma(gamma)).await?;
+    let (service, registry) = serve::verifier_service(
+        models,
+        vec![d_url],
+        &VerifierOptions::fixed(gamma, adaptive),
+    )
+    .await?;
     let engine = service.engine().clone();
     let (v_grpc, v_metrics) = (
         TcpListener::bind("127.0.0.1:0").await?,

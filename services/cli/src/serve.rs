@@ -68,10 +68,13 @@ pub struct VerifierServeArgs {
 /// Verifier settings shared by `tandem verifier` and `tandem up`.
 #[derive(Args, Debug, Clone)]
 pub struct VerifierOptions {
-    /// Tokens drafted per round (the default suits the shipped drafter, whose later block
-    /// positions are rarely accepted: 1 measured fastest; raise it for a better drafter).
-    #[arg(long, env = "TANDEM_GAMMA", default_value_t = 1)]
+    /// Most tokens drafted per round.
+    #[arg(long, env = "TANDEM_GAMMA", default_value_t = 8)]
     gamma: usize,
+    /// Choose each round's draft length up to `--gamma` from the acceptance and costs each
+    /// generation measures, drafting nothing when drafting does not pay.
+    #[arg(long, env = "TANDEM_ADAPTIVE_GAMMA", default_value_t = true, action = clap::ArgAction::Set)]
+    adaptive_gamma: bool,
     /// Generations running at once.
     #[arg(long, env = "TANDEM_MAX_CONCURRENT", default_value_t = 4)]
     max_concurrent: usize,
@@ -96,10 +99,11 @@ impl Default for DrafterOptions {
 }
 
 impl VerifierOptions {
-    /// The defaults of the flags, with `gamma`.
-    pub(crate) fn with_gamma(gamma: usize) -> Self {
+    /// The defaults of the flags, with `gamma` and `adaptive_gamma` given.
+    pub(crate) fn fixed(gamma: usize, adaptive_gamma: bool) -> Self {
         Self {
             gamma,
+            adaptive_gamma,
             max_concurrent: 4,
             kv_cache_bytes: 4 << 30,
             default_max_tokens: 256,
@@ -239,6 +243,7 @@ pub(crate) async fn verifier_service(
     let admission = Admission::new(o.max_concurrent, o.kv_cache_bytes, Arc::clone(&metrics));
     let vcfg = VerifierConfig {
         gamma: o.gamma,
+        adaptive_gamma: o.adaptive_gamma,
         default_max_tokens: o.default_max_tokens,
         target,
     };

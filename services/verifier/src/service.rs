@@ -30,6 +30,9 @@ const MAX_STOP_BYTES: usize = 256;
 pub struct VerifierConfig {
     /// Tokens drafted per round (capped per request by `max_gamma`).
     pub gamma: usize,
+    /// Let each generation choose its rounds' draft lengths up to that γ
+    /// ([`tandem_core::GammaPolicy`]), plain rounds included when drafting does not pay.
+    pub adaptive_gamma: bool,
     /// `max_tokens` when a request gives none.
     pub default_max_tokens: usize,
     /// The target's identity, reported by GetModelInfo.
@@ -177,6 +180,7 @@ impl Inner {
             stop_strings: r.stop,
             ignore_eos: r.ignore_eos,
             gamma,
+            adaptive_gamma: self.cfg.adaptive_gamma,
         };
         self.engine.check(&req)?;
         Ok((req, r.speculative.unwrap_or(true) && gamma > 0))

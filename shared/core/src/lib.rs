@@ -1,14 +1,16 @@
-//! The pure core of tandem: sampling, the acceptance rules of speculative decoding and the
-//! proposer interface the round drafts through. No tensors, no I/O: plain slices in, plain
+//! The pure core of tandem: sampling, the acceptance rules of speculative decoding, the
+//! adaptive draft length and the proposer interface the round drafts through. No tensors, no I/O: plain slices in, plain
 //! values out, deterministic given a seed.
 
 pub mod acceptance;
+pub mod gamma;
 pub mod proposer;
 pub mod sampling;
 pub mod snapshot;
 pub mod stopping;
 
 pub use acceptance::{accept_greedy, accept_sampled, Verdict};
+pub use gamma::{GammaPolicy, GammaPolicyConfig};
 pub use proposer::{DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession};
 pub use sampling::{argmax, distribution, Sampler, SamplingError, SamplingParams, SparseDist};
 pub use snapshot::{PartSpec, SnapshotPart, SnapshotRows, SnapshotSpec, SnapshotSupport};

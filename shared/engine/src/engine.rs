@@ -12,8 +12,8 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 use tandem_core::{
-    accept_greedy, accept_sampled, argmax, distribution, Chunk, DraftBlock, FinishReason, Output,
-    Proposer, Sampler, SnapshotSpec, Verdict,
+    accept_greedy, accept_sampled, argmax, distribution, Chunk, DraftBlock, FinishReason,
+    GammaPolicy, GammaPolicyConfig, Output, Proposer, Sampler, SnapshotSpec, Verdict,
 };
 use tandem_gemma::LogitsMode;
 use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
@@ -131,6 +131,7 @@ struct Generation<'e> {
     stream: StreamDecoder<'e>,
     drafting: Option<Drafting>,
     gamma: usize,
+    policy: Option<GammaPolicy>,
     stats: SpecStats,
     timing: Timing,
     started: Instant,
@@ -151,6 +152,13 @@ impl<'e> Generation<'e> {
             }
             _ => None,
         };
+        let policy = match req.adaptive_gamma && drafting.is_some() {
+            true => Some(
+                GammaPolicy::new(GammaPolicyConfig::new(gamma))
+                    .map_err(EngineError::InvalidRequest)?,
+            ),
+            false => None,
+        };
         let facts = engine.model.facts();
         Ok(Self {
             req,
@@ -163,6 +171,7 @@ impl<'e> Generation<'e> {
             stream: engine.tokenizer.stream(),
             drafting,
             gamma,
+            policy,
             stats,
             timing: Timing::default(),
             started,
@@ -208,7 +217,8 @@ impl<'e> Generation<'e> {
     fn round(&mut self, anchor: u32) -> Result<(Vec<u32>, RoundStats)> {
         let n = self.cache.len();
         let room = self.cache.max_len() - n - 1;
-        let gamma = self.gamma.min(self.output.remaining() - 1).min(room);
+        let want = self.policy.as_ref().map_or(self.gamma, GammaPolicy::choose);
+        let gamma = want.min(self.output.remaining() - 1).min(room);
         let t0 = Instant::now();
         let draft = match (&mut self.drafting, gamma) {
             (Some(d), 1..) => d.propose(anchor, n, gamma, self.vocab),
@@ -235,6 +245,9 @@ impl<'e> Generation<'e> {
             verify_s,
         };
         self.stats.record(&round);
+        if let Some(p) = &mut self.policy {
+            p.record(round.drafted, round.accepted, round.draft_s, round.verify_s);
+        }
         Ok((verdict.emitted(&draft.tokens), round))
     }
 

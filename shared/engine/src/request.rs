@@ -20,6 +20,9 @@ pub struct GenerationRequest {
     /// Draft this many tokens per round (0 = plain decoding). Capped by the proposer's
     /// maximum; ignored without a proposer.
     pub gamma: usize,
+    /// Let a [`tandem_core::GammaPolicy`] choose each round's draft length, up to `gamma`
+    /// (plain rounds included, when drafting does not pay).
+    pub adaptive_gamma: bool,
 }
 
 impl Default for GenerationRequest {
@@ -31,6 +34,7 @@ impl Default for GenerationRequest {
             stop_strings: Vec::new(),
             ignore_eos: false,
             gamma: 0,
+            adaptive_gamma: false,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Speculative decoding with a randomly initialised DSpark drafter on the real Gemma 3
 //! 270M: almost every round rejects the first draft token, and greedy output is still the
 //! plain output token for token (20 prompts × 64 new tokens, γ ∈ {1, 4, 8}); sampled
-//! output reproduces under a seed.
+//! output reproduces under a seed; the adaptive draft length turns such a drafter off
+//! without changing the output.
 
 mod common;
 
@@ -60,4 +61,30 @@ fn sampled_output_reproduces_under_a_seed() {
         (b.spec.drafts, b.spec.accepted_tokens)
     );
     assert_eq!(a.spec.proposer_failures, 0);
+}
+
+#[test]
+fn adaptive_gamma_turns_a_useless_drafter_off_and_keeps_the_output() {
+    let drafter = random_drafter();
+    for prompt in &PROMPTS[..4] {
+        let reference = reference(prompt, NEW_TOKENS);
+        let plain = &reference[reference.len() - NEW_TOKENS..];
+        let req = GenerationRequest {
+            adaptive_gamma: true,
+            ..request(prompt, NEW_TOKENS, 8)
+        };
+        let (out, updates) = generate(&req, Some(&drafter));
+        assert_eq!(out.tokens, plain, "{prompt:?}");
+        let rounds: Vec<_> = updates.iter().filter_map(|u| u.round).collect();
+        let drafting = rounds.iter().filter(|r| r.drafted > 0).count();
+        assert!(
+            drafting > 0,
+            "{prompt:?}: the policy never tried the drafter"
+        );
+        assert!(
+            drafting * 3 < rounds.len(),
+            "{prompt:?}: {drafting} of {} rounds still drafted",
+            rounds.len()
+        );
+    }
 }

@@ -1,0 +1,269 @@
+//! Adaptive draft length. Each round drafts the γ that maximises the expected tokens per
+//! unit of time given what the generation has measured so far (Leviathan et al. 2023, §3.5,
+//! with per-position acceptance rates instead of one α):
+//!
+//! `E(γ) = 1 + Σ_{k=1..γ} Π_{i=1..k} p_i`, `cost(γ) = verify(γ + 1) + [γ > 0]·draft`,
+//!
+//! in units of a one-token target forward, `verify(b) = 1 + slope·(b − 1)` (the slope and
+//! the draft cost are learnt from the rounds' timings once a plain round has measured a
+//! one-token forward; until then the configured priors stand). `γ = 0` is a
+//! plain round, so speculation that does not pay turns itself off; every `probe_every`
+//! plain rounds a one-token draft measures the drafter again. Acceptance rates are estimated
+//! from exponentially decayed counts under a prior that expects each position to do as well
+//! as the one before it (and the first to be accepted 2 times in 3, so a new generation
+//! starts by drafting).
+//! Which γ a round uses never changes what is generated (each round is lossless on its own).
+
+/// Prior acceptance rate of the first draft position (optimistic, so that a new generation
+/// starts by drafting).
+const PRIOR_FIRST: f64 = 2.0 / 3.0;
+/// Weight, in rounds, of each position's prior.
+const PRIOR_WEIGHT: f64 = 3.0;
+
+/// Settings of a [`GammaPolicy`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GammaPolicyConfig {
+    /// The largest γ (the request's, capped by the drafter's).
+    pub max_gamma: usize,
+    /// Extra cost of each verified token beyond the first, in one-token forwards (measured
+    /// here: a 9-token verify costs about 3.4 decode steps on a 2-core CPU, so ≈ 0.3).
+    pub verify_slope: f64,
+    /// Draft cost per round, in one-token forwards, before any round has measured it.
+    pub draft_cost: f64,
+    /// Weight kept by old observations at each new round (1 = never forget).
+    pub decay: f64,
+    /// Plain rounds between one-token probes of the drafter.
+    pub probe_every: usize,
+}
+
+impl GammaPolicyConfig {
+    /// Defaults for `max_gamma` (CPU figures of this repository).
+    pub fn new(max_gamma: usize) -> Self {
+        Self {
+            max_gamma,
+            verify_slope: 0.3,
+            draft_cost: 0.2,
+            decay: 0.95,
+            probe_every: 16,
+        }
+    }
+}
+
+/// Per-generation draft-length controller.
+#[derive(Debug, Clone)]
+pub struct GammaPolicy {
+    cfg: GammaPolicyConfig,
+    /// Decayed counts of accepted and drafted tokens at each draft position.
+    accepted: Vec<f64>,
+    drafted: Vec<f64>,
+    /// Draft cost per round, in one-token forwards (learnt once `step_s` is known).
+    draft_cost: f64,
+    /// Decayed mean seconds of a plain round's one-token forward.
+    step_s: Option<f64>,
+    /// Decayed mean seconds each drafted token adds to a verify.
+    extra_s: Option<f64>,
+    /// Plain rounds since the last drafted round.
+    plain_rounds: usize,
+}
+
+impl GammaPolicy {
+    /// A controller; the slope and costs must be finite and non-negative, the decay in
+    /// (0, 1].
+    pub fn new(cfg: GammaPolicyConfig) -> Result<Self, String> {
+        let finite = |x: f64| x.is_finite() && x >= 0.0;
+        if !finite(cfg.verify_slope) || !finite(cfg.draft_cost) {
+            return Err("verify slope and draft cost must be finite and non-negative".into());
+        }
+        if !(cfg.decay > 0.0 && cfg.decay <= 1.0) {
+            return Err(format!("decay {} is outside (0, 1]", cfg.decay));
+        }
+        Ok(Self {
+            accepted: vec![0.0; cfg.max_gamma],
+            drafted: vec![0.0; cfg.max_gamma],
+            draft_cost: cfg.draft_cost,
+            step_s: None,
+            extra_s: None,
+            plain_rounds: 0,
+            cfg,
+        })
+    }
+
+    /// Estimated probability that draft position `k` (1-based) is accepted, given that the
+    /// positions before it were: the decayed counts of position `k` over a prior of weight
+    /// [`PRIOR_WEIGHT`] centred on the estimate of position `k − 1` (2/3 for the first), so
+    /// that positions never reached are expected to do as well as the last one measured.
+    pub fn acceptance(&self, k: usize) -> f64 {
+        (0..k).fold(PRIOR_FIRST, |prior, i| {
+            (self.accepted[i] + PRIOR_WEIGHT * prior) / (self.drafted[i] + PRIOR_WEIGHT)
+        })
+    }
+
+    /// Expected tokens emitted by a round drafting `gamma` tokens.
+    pub fn expected_tokens(&self, gamma: usize) -> f64 {
+        let mut reach = 1.0;
+        let mut total = 1.0;
+        for k in 1..=gamma.min(self.cfg.max_gamma) {
+            reach *= self.acceptance(k);
+            total += reach;
+        }
+        total
+    }
+
+    /// Extra verify cost per drafted token, in one-token forwards.
+    pub fn verify_slope(&self) -> f64 {
+        match (self.step_s, self.extra_s) {
+            (Some(step), Some(extra)) if step > 0.0 => extra / step,
+            _ => self.cfg.verify_slope,
+        }
+    }
+
+    /// Cost of a round drafting `gamma` tokens, in one-token forwards.
+    pub fn cost(&self, gamma: usize) -> f64 {
+        let draft = if gamma > 0 { self.draft_cost } else { 0.0 };
+        1.0 + self.verify_slope() * gamma as f64 + draft
+    }
+
+    /// The γ of the next round.
+    pub fn choose(&self) -> usize {
+        if self.cfg.max_gamma == 0 {
+            return 0;
+        }
+        let rate = |g: usize| self.expected_tokens(g) / self.cost(g);
+        let best = (1..=self.cfg.max_gamma).fold(0, |b, g| if rate(g) > rate(b) { g } else { b });
+        match best {
+            0 if self.plain_rounds >= self.cfg.probe_every => 1,
+            g => g,
+        }
+    }
+
+    /// Records a round: `drafted` tokens of which the first `accepted` were accepted, the
+    /// seconds spent drafting and verifying.
+    pub fn record(&mut self, drafted: usize, accepted: usize, draft_s: f64, verify_s: f64) {
+        let d = self.cfg.decay;
+        let ema = |old: Option<f64>, x: f64| Some(old.map_or(x, |o| d * o + (1.0 - d) * x));
+        let timed = verify_s.is_finite() && verify_s > 0.0 && draft_s.is_finite() && draft_s >= 0.0;
+        let drafted = drafted.min(self.cfg.max_gamma);
+        if drafted == 0 {
+            self.plain_rounds += 1;
+            if timed {
+                self.step_s = ema(self.step_s, verify_s);
+            }
+            return;
+        }
+        self.plain_rounds = 0;
+        self.accepted.iter_mut().for_each(|a| *a *= d);
+        self.drafted.iter_mut().for_each(|n| *n *= d);
+        // Positions past the first rejection were never judged.
+        for k in 0..drafted.min(accepted + 1) {
+            self.drafted[k] += 1.0;
+            if k < accepted {
+                self.accepted[k] += 1.0;
+            }
+        }
+        if !timed {
+            return;
+        }
+        let step_s = match self.step_s {
+            Some(step) => {
+                let extra = ((verify_s - step) / drafted as f64).max(0.0);
+                self.extra_s = ema(self.extra_s, extra);
+                step
+            }
+            None => verify_s / (1.0 + self.cfg.verify_slope * drafted as f64),
+        };
+        self.draft_cost = d * self.draft_cost + (1.0 - d) * draft_s / step_s;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn policy(max: usize) -> GammaPolicy {
+        GammaPolicy::new(GammaPolicyConfig::new(max)).expect("valid")
+    }
+
+    #[test]
+    fn expected_tokens_follow_the_acceptance_rates() {
+        let p = policy(4);
+        assert!((p.expected_tokens(0) - 1.0).abs() < 1e-12);
+        assert!((p.expected_tokens(2) - (1.0 + 2.0 / 3.0 + 4.0 / 9.0)).abs() < 1e-12);
+        assert!(p.choose() > 0, "a new generation starts by drafting");
+    }
+
+    #[test]
+    fn a_drafter_that_is_never_accepted_turns_speculation_off_then_is_probed() {
+        let mut p = policy(8);
+        for _ in 0..30 {
+            let g = p.choose().max(1);
+            p.record(g, 0, 0.002, 0.03);
+        }
+        assert_eq!(p.choose(), 0);
+        for _ in 0..16 {
+            assert_eq!(p.choose(), 0);
+            p.record(0, 0, 0.0, 0.02);
+        }
+        assert_eq!(p.choose(), 1, "a probe after 16 plain rounds");
+        p.record(1, 0, 0.002, 0.026);
+        assert_eq!(p.choose(), 0);
+    }
+
+    #[test]
+    fn a_drafter_that_is_always_accepted_drafts_the_longest_block() {
+        let mut p = policy(8);
+        for _ in 0..40 {
+            let g = p.choose();
+            p.record(g, g, 0.002, 0.03);
+        }
+        assert_eq!(p.choose(), 8);
+    }
+
+    #[test]
+    fn the_verify_slope_is_learnt_from_plain_and_drafted_rounds() {
+        let mut p = policy(4);
+        assert!((p.verify_slope() - 0.3).abs() < 1e-12);
+        p.record(0, 0, 0.0, 0.020);
+        p.record(4, 1, 0.001, 0.060);
+        assert!(
+            (p.verify_slope() - 0.5).abs() < 1e-9,
+            "{}",
+            p.verify_slope()
+        );
+        assert!((p.cost(0) - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn invalid_settings_are_refused() {
+        let bad = |f: fn(&mut GammaPolicyConfig)| {
+            let mut c = GammaPolicyConfig::new(4);
+            f(&mut c);
+            GammaPolicy::new(c).is_err()
+        };
+        assert!(bad(|c| c.decay = 0.0));
+        assert!(bad(|c| c.decay = 1.5));
+        assert!(bad(|c| c.verify_slope = f64::NAN));
+        assert!(bad(|c| c.draft_cost = -1.0));
+    }
+
+    proptest! {
+        #[test]
+        fn choices_stay_in_range_and_rates_in_the_unit_interval(
+            max in 0usize..10,
+            rounds in proptest::collection::vec((0usize..12, 0usize..12, 0.0f64..0.1, 0.0f64..0.2), 0..60),
+        ) {
+            let mut p = policy(max);
+            for (drafted, accepted, draft_s, verify_s) in rounds {
+                let g = p.choose();
+                prop_assert!(g <= max);
+                p.record(drafted.min(g), accepted.min(drafted.min(g)), draft_s, verify_s);
+            }
+            for k in 1..=max {
+                let a = p.acceptance(k);
+                prop_assert!(a > 0.0 && a < 1.0);
+            }
+            prop_assert!(p.expected_tokens(max) <= 1.0 + max as f64);
+        }
+    }
+}
