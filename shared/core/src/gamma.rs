@@ -93,20 +93,33 @@ impl GammaPolicy {
     /// [`PRIOR_WEIGHT`] centred on the estimate of position `k − 1` (2/3 for the first), so
     /// that positions never reached are expected to do as well as the last one measured.
     pub fn acceptance(&self, k: usize) -> f64 {
-        (0..k).fold(PRIOR_FIRST, |prior, i| {
-            (self.accepted[i] + PRIOR_WEIGHT * prior) / (self.drafted[i] + PRIOR_WEIGHT)
+        self.acceptances().nth(k - 1).unwrap_or(PRIOR_FIRST)
+    }
+
+    /// [`GammaPolicy::acceptance`] of positions `1..=max_gamma`, each from the one before.
+    fn acceptances(&self) -> impl Iterator<Item = f64> + '_ {
+        let counts = self.accepted.iter().zip(&self.drafted);
+        counts.scan(PRIOR_FIRST, |prior, (a, n)| {
+            *prior = (a + PRIOR_WEIGHT * *prior) / (n + PRIOR_WEIGHT);
+            Some(*prior)
         })
+    }
+
+    /// `E(0), E(1), …, E(max_gamma)`: expected tokens of a round drafting each γ.
+    fn expected(&self) -> impl Iterator<Item = f64> + '_ {
+        let tail = self.acceptances().scan((1.0, 1.0), |(reach, total), p| {
+            *reach *= p;
+            *total += *reach;
+            Some(*total)
+        });
+        std::iter::once(1.0).chain(tail)
     }
 
     /// Expected tokens emitted by a round drafting `gamma` tokens.
     pub fn expected_tokens(&self, gamma: usize) -> f64 {
-        let mut reach = 1.0;
-        let mut total = 1.0;
-        for k in 1..=gamma.min(self.cfg.max_gamma) {
-            reach *= self.acceptance(k);
-            total += reach;
-        }
-        total
+        self.expected()
+            .nth(gamma.min(self.cfg.max_gamma))
+            .unwrap_or(1.0)
     }
 
     /// Extra verify cost per drafted token, in one-token forwards.
@@ -128,8 +141,11 @@ impl GammaPolicy {
         if self.cfg.max_gamma == 0 {
             return 0;
         }
-        let rate = |g: usize| self.expected_tokens(g) / self.cost(g);
-        let best = (1..=self.cfg.max_gamma).fold(0, |b, g| if rate(g) > rate(b) { g } else { b });
+        let rates = self
+            .expected()
+            .enumerate()
+            .map(|(g, e)| (g, e / self.cost(g)));
+        let (best, _) = rates.fold((0, f64::NEG_INFINITY), |b, r| if r.1 > b.1 { r } else { b });
         match best {
             0 if self.plain_rounds >= self.cfg.probe_every => 1,
             g => g,
