@@ -14,9 +14,9 @@ use tandem_engine::{GenerationRequest, Update};
 use tandem_proto::v1 as pb;
 
 use crate::drafter::DrafterArgs;
-use crate::loopback;
 use crate::models::ModelArgs;
 use crate::serve;
+use crate::{client, loopback};
 
 /// Prompts of the measurement.
 const PROMPTS: [&str; 8] = [
@@ -146,12 +146,11 @@ async fn remote_side(url: &str, a: &RpcArgs) -> Result<Side> {
             max_gamma: Some(a.gamma as u32),
             ..Default::default()
         };
-        let mut stream = client.generate(req).await?.into_inner();
-        while let Some(msg) = stream.message().await? {
-            if let Some(s) = msg.finished.and_then(|f| f.speculation) {
-                side.add(s.drafts, s.draft_seconds, s.verify_seconds);
-            }
-        }
+        let s = client::finished(&mut client, req)
+            .await?
+            .speculation
+            .unwrap_or_default();
+        side.add(s.drafts, s.draft_seconds, s.verify_seconds);
     }
     Ok(side.finish())
 }

@@ -21,7 +21,7 @@ use tokio::runtime::Runtime;
 use crate::drafter::DrafterArgs;
 use crate::generate::load_engine;
 use crate::models::ModelArgs;
-use crate::{loopback, serve};
+use crate::{client, loopback, serve};
 
 /// Flags of `tandem bench speculative`.
 #[derive(Args, Debug)]
@@ -310,12 +310,7 @@ async fn remote_all(
             max_gamma: (gamma > 0).then_some(gamma as u32),
             ..Default::default()
         };
-        let mut stream = client.generate(req).await?.into_inner();
-        let mut finished = None;
-        while let Some(msg) = stream.message().await? {
-            finished = msg.finished.or(finished);
-        }
-        let f = finished.context("the verifier ended a stream without a finish message")?;
+        let f = client::finished(&mut client, req).await?;
         let usage = f.usage.unwrap_or_default();
         tokens += (usage.completion_tokens as usize).saturating_sub(1);
         secs += (f.total_seconds - f.ttft_seconds).max(0.0);

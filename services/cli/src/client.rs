@@ -66,6 +66,20 @@ pub fn generate(url: &str, r: &RemoteRequest) -> Result<pb::Finished> {
     })
 }
 
+/// Sends `req` through `client` and returns the finish message of its stream, ignoring the
+/// chunks before it.
+pub async fn finished(
+    client: &mut GenerationClient<tonic::transport::Channel>,
+    req: pb::GenerateRequest,
+) -> Result<pb::Finished> {
+    let mut stream = client.generate(req).await?.into_inner();
+    let mut finished = None;
+    while let Some(msg) = stream.message().await? {
+        finished = msg.finished.or(finished);
+    }
+    finished.context("the verifier ended a stream without a finish message")
+}
+
 /// One line of figures from the finish message.
 pub fn summary(f: &pb::Finished) -> String {
     let reason = pb::FinishReason::try_from(f.reason).map_or("unknown", |r| r.as_str_name());
