@@ -9,7 +9,9 @@
 //! in a real forward pass over all layers.
 //!
 //! Run with `cargo bench -p tandem-kernels --bench matmul`; pass
-//! `-- --summary-only` to skip the criterion runs and print only the table.
+//! `-- --summary-only` to skip the criterion runs and print only the table,
+//! and set `TANDEM_BENCH_ONLY` to a substring of the case names (e.g.
+//! `Q8_0 262144`) to run only those cases.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -161,7 +163,9 @@ fn criterion_runs(cases: &mut [Case]) {
 
 fn main() {
     let mut rng = XorShift(0x2545_F491_4F6C_DD1D);
+    let only = std::env::var("TANDEM_BENCH_ONLY").unwrap_or_default();
     let mut cases = prepare(&mut rng);
+    cases.retain(|c| c.name.contains(only.as_str()));
     if !std::env::args().any(|a| a == "--summary-only") {
         criterion_runs(&mut cases);
     }

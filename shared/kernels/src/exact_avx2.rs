@@ -12,10 +12,10 @@
 //! * up to [`FUSED_ROWS`] rows (decoding): *fused*. Each block is decoded
 //!   once into registers, eight weights at a time, and FMA'd straight into
 //!   the accumulators of every row;
-//! * more rows (verification): *staged*. A panel of weight rows (about
-//!   [`PANEL_FLOATS`] values) is dequantized once into an f32 scratch panel,
-//!   which the F32 kernel then dots with every activation row, three rows
-//!   per register tile (each group of three sweeps the whole panel).
+//! * more rows (verification): *staged*. A panel of a few weight rows is
+//!   dequantized once into an aligned f32 scratch panel, which the panel
+//!   kernel (`panel_avx2`: AVX2 tiles, or AVX-512 tiles with two activation
+//!   rows per register) then dots with every activation row.
 //!
 //! Either way every pair sees the same products in the same accumulators
 //! in the same order, so the split cannot change a result.
@@ -24,6 +24,8 @@ use std::arch::x86_64::*;
 
 use crate::dequant_avx2::{block_bytes, block_len, Decoder};
 use crate::kquants_avx2::{Q4_K, Q5_K, Q6_K, Q8_K};
+use crate::panel_avx2::Panel;
+use crate::panel_avx512::Paired;
 use crate::q8_x86::{Q4_0, Q5_0, Q8_0};
 use crate::qtype::QType;
 use crate::simd::{hsum, load_f32x8, prefetch, PREFETCH_AHEAD};
@@ -31,48 +33,64 @@ use crate::tile::dispatch_group;
 
 /// Most activation rows computed by the fused tile (four accumulators
 /// each).
-const FUSED_ROWS: usize = 3;
-
-/// Dequantized weights per panel of the staged tile (16 KiB): small enough
-/// to stay in L1 next to the activations of a 9-row batch at k = 640.
-const PANEL_FLOATS: usize = 4096;
+pub(crate) const FUSED_ROWS: usize = 3;
 
 /// Output rows of `w` (whole rows of `qtype` bytes) against all activation
 /// rows `x` (`m * k` f32); `outs[r][j]` receives row `r` · weight row `j`.
 /// F32 and F16 weights go to the `float` kernel unchanged.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn rows_avx2(qtype: QType, w: &[u8], k: usize, x: &[f32], outs: &mut [&mut [f32]]) {
+pub(crate) fn rows_avx2(
+    qtype: QType,
+    w: &[u8],
+    k: usize,
+    x: &[f32],
+    paired: Option<&Paired>,
+    outs: &mut [&mut [f32]],
+) {
     match qtype {
         QType::F32 | QType::F16 => crate::float::rows_avx2(qtype, w, k, x, outs),
-        QType::Q4_0 => rows::<Q4_0>(w, k, x, outs),
-        QType::Q5_0 => rows::<Q5_0>(w, k, x, outs),
-        QType::Q8_0 => rows::<Q8_0>(w, k, x, outs),
-        QType::Q4_K => rows::<Q4_K>(w, k, x, outs),
-        QType::Q5_K => rows::<Q5_K>(w, k, x, outs),
-        QType::Q6_K => rows::<Q6_K>(w, k, x, outs),
-        QType::Q8_K => rows::<Q8_K>(w, k, x, outs),
+        QType::Q4_0 => rows::<Q4_0>(w, k, x, paired, outs),
+        QType::Q5_0 => rows::<Q5_0>(w, k, x, paired, outs),
+        QType::Q8_0 => rows::<Q8_0>(w, k, x, paired, outs),
+        QType::Q4_K => rows::<Q4_K>(w, k, x, paired, outs),
+        QType::Q5_K => rows::<Q5_K>(w, k, x, paired, outs),
+        QType::Q6_K => rows::<Q6_K>(w, k, x, paired, outs),
+        QType::Q8_K => rows::<Q8_K>(w, k, x, paired, outs),
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn rows<const T: u8>(w: &[u8], k: usize, x: &[f32], outs: &mut [&mut [f32]]) {
+fn rows<const T: u8>(
+    w: &[u8],
+    k: usize,
+    x: &[f32],
+    paired: Option<&Paired>,
+    outs: &mut [&mut [f32]],
+) {
     let rb = k / block_len::<T>() * block_bytes::<T>();
     let mut dec = Decoder::new();
     if outs.len() <= FUSED_ROWS {
         dispatch_group!(outs.len(), R => fused::<T, R>(&mut dec, w, rb, x, outs), [1, 2, 3]);
         return;
     }
-    let panel_rows = (PANEL_FLOATS / k).max(1);
-    let mut scratch = vec![0f32; panel_rows * k];
-    for (p, panel) in w.chunks(panel_rows * rb).enumerate() {
-        let j0 = p * panel_rows;
-        let rows = panel.chunks_exact(rb).zip(scratch.chunks_exact_mut(k));
-        for (i, (wrow, dst)) in rows.enumerate() {
-            prefetch(w, (j0 + i) * rb + PREFETCH_AHEAD, rb);
+    let mut kernel = Panel::new(paired);
+    let panel_rows = kernel.rows(k);
+    let mut lanes = vec![_mm256_setzero_ps(); panel_rows * k / 8];
+    // SAFETY: the `f32` slice covers exactly the memory of `lanes` (eight
+    // plain `f32` per `__m256`), which it borrows mutably; the registers
+    // keep the panel 32-byte aligned, so no load of a chunk splits a line.
+    let scratch: &mut [f32] =
+        unsafe { std::slice::from_raw_parts_mut(lanes.as_mut_ptr().cast(), panel_rows * k) };
+    let step = panel_rows * rb;
+    for (p, panel) in w.chunks(step).enumerate() {
+        for (wrow, dst) in panel.chunks_exact(rb).zip(scratch.chunks_exact_mut(k)) {
             dec.row::<T>(wrow, dst);
         }
         let len = panel.len() / rb;
-        crate::float::panel_avx2(&scratch[..len * k], k, x, j0, outs);
+        let ahead = w
+            .get((p + 1) * step..)
+            .map_or(&[][..], |a| &a[..a.len().min(step)]);
+        kernel.run(&scratch[..len * k], k, x, p * panel_rows, outs, ahead);
     }
 }
 

@@ -5,7 +5,7 @@
 //! [`crate::dequant::dequantize_row`] (F32 / F16 rows are just widened) and
 //! dots it with every activation row. On AVX2, F32 / F16 rows are read in
 //! place, and `exact_avx2` hands panels of rows it has dequantized to
-//! [`panel_avx2`]. Either way, for one (activation row, output row) pair the
+//! `panel_avx2`. Either way, for one (activation row, output row) pair the
 //! arithmetic depends on `k` and the [`crate::Isa`] only:
 //!
 //! * AVX2: per pair, four 8-lane f32 accumulators take consecutive chunks of
@@ -49,7 +49,7 @@ pub(crate) fn rows_scalar(qtype: QType, w: &[u8], k: usize, x: &[f32], outs: &mu
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use avx2::{panel_avx2, rows_avx2};
+pub(crate) use avx2::rows_avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
@@ -80,33 +80,6 @@ mod avx2 {
         for (j, wrow) in w.chunks_exact(row_bytes).enumerate() {
             prefetch(w, j * row_bytes + PREFETCH_AHEAD, row_bytes);
             row::<HALF>(wrow, k, x, j, outs);
-        }
-    }
-
-    /// Consecutive f32 weight rows `panel` (`k` values each) as outputs
-    /// `j0..`: exactly what [`rows_avx2`] computes for those rows of an F32
-    /// matrix. Loops over activation groups outside and weight rows inside,
-    /// so one group's activations stay in L1 while the panel is swept.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) fn panel_avx2(
-        panel: &[f32],
-        k: usize,
-        x: &[f32],
-        j0: usize,
-        outs: &mut [&mut [f32]],
-    ) {
-        // SAFETY: the byte slice covers exactly the memory of `panel`, `u8`
-        // has alignment 1 and every byte of an `f32` is initialized. On
-        // x86-64 these are the little-endian bytes an F32 matrix holds.
-        let bytes: &[u8] = unsafe {
-            std::slice::from_raw_parts(panel.as_ptr().cast(), std::mem::size_of_val(panel))
-        };
-        for (r0, len) in groups(outs.len(), MAX_GROUP) {
-            let outs = &mut outs[r0..r0 + len];
-            let x = &x[r0 * k..];
-            for (i, wrow) in bytes.chunks_exact(4 * k).enumerate() {
-                dispatch_group!(len, R => group::<false, R>(wrow, k, x, j0 + i, outs), [1, 2, 3]);
-            }
         }
     }
 

@@ -85,6 +85,10 @@ mod kquants;
 #[cfg(target_arch = "x86_64")]
 mod kquants_avx2;
 mod matrix;
+#[cfg(target_arch = "x86_64")]
+mod panel_avx2;
+#[cfg(target_arch = "x86_64")]
+mod panel_avx512;
 mod q8;
 #[cfg(target_arch = "x86_64")]
 mod q8_x86;

@@ -2,6 +2,19 @@
 
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+use crate::panel_avx512::Paired;
+
+/// Elsewhere nothing is ever paired.
+#[cfg(not(target_arch = "x86_64"))]
+enum Paired {}
+
+#[cfg(not(target_arch = "x86_64"))]
+impl Paired {
+    fn for_exact(_: Isa, _: QType, _: &[f32], _: usize, _: usize) -> Option<Self> {
+        None
+    }
+}
 use crate::quantize::{Q8KActs, Q8_0Acts};
 use crate::{dequant, float, kquants, q8, Isa, KernelError, QType};
 
@@ -26,8 +39,9 @@ pub struct QMatrix {
 
 /// Activations prepared for one matmul.
 enum Acts<'a> {
-    /// Unquantized: F32 / F16 weights, or any weights in exact mode.
-    F32(&'a [f32]),
+    /// Unquantized: F32 / F16 weights, or any weights in exact mode, with
+    /// the rows already paired for the AVX-512 panel kernel when it runs.
+    F32(&'a [f32], Option<Paired>),
     Q8_0(Q8_0Acts),
     Q8K(Q8KActs),
 }
@@ -106,7 +120,7 @@ impl QMatrix {
         }
         let k = self.k;
         let acts = match self.qtype {
-            QType::F32 | QType::F16 => Acts::F32(x),
+            QType::F32 | QType::F16 => Acts::F32(x, None),
             QType::Q4_0 | QType::Q5_0 | QType::Q8_0 => {
                 Acts::Q8_0(Q8_0Acts::quantize(x, m, k, isa == Isa::AvxVnni))
             }
@@ -141,7 +155,12 @@ impl QMatrix {
     ) -> Result<(), KernelError> {
         self.check_call(isa, x, m, out)?;
         if m > 0 {
-            self.run(isa, &Acts::F32(x), m, out);
+            self.run(
+                isa,
+                &Acts::F32(x, Paired::for_exact(isa, self.qtype, x, m, self.k)),
+                m,
+                out,
+            );
         }
         Ok(())
     }
@@ -198,7 +217,9 @@ impl QMatrix {
             // `Isa::AvxVnni`.
             unsafe {
                 match acts {
-                    Acts::F32(x) => crate::exact_avx2::rows_avx2(q, w, k, x, outs),
+                    Acts::F32(x, paired) => {
+                        crate::exact_avx2::rows_avx2(q, w, k, x, paired.as_ref(), outs)
+                    }
                     Acts::Q8_0(a) if isa == Isa::AvxVnni => {
                         crate::q8_x86::rows_vnni(q, w, k, a, outs)
                     }
@@ -213,7 +234,7 @@ impl QMatrix {
         }
         debug_assert_eq!(isa, Isa::Scalar);
         match acts {
-            Acts::F32(x) => float::rows_scalar(q, w, k, x, outs),
+            Acts::F32(x, _) => float::rows_scalar(q, w, k, x, outs),
             Acts::Q8_0(a) => q8::rows_scalar(q, w, k, a, outs),
             Acts::Q8K(a) => kquants::rows_scalar(q, w, k, a, outs),
         }
