@@ -172,7 +172,10 @@ fn sweep(
 /// of weight rows `w` (`JN` rows of `k`) against activation rows `x` (`RN`
 /// rows of `k`), continuing the accumulators `state[jj * RN + r]`.
 #[inline]
-#[allow(clippy::needless_range_loop, reason = "tiles index accumulators by (row, row)")]
+#[allow(
+    clippy::needless_range_loop,
+    reason = "tiles index accumulators by (row, row)"
+)]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn tile<const JN: usize, const RN: usize>(
     w: &[f32],

@@ -160,7 +160,10 @@ impl<'a> Wide<'a> {
 /// of `k / 8` registers), continuing the accumulators
 /// `state[jj * PN + p]`.
 #[inline]
-#[allow(clippy::needless_range_loop, reason = "tiles index accumulators by (row, pair)")]
+#[allow(
+    clippy::needless_range_loop,
+    reason = "tiles index accumulators by (row, pair)"
+)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
 fn tile<const JN: usize, const PN: usize>(
     w: &[f32],
