@@ -50,7 +50,43 @@ pub(crate) fn attend(q: &[f32], k: &[f32], v: &[f32], spec: AttnSpec) -> Vec<f32
     out
 }
 
+/// One query head's attention at absolute position `pos` into `out`. On x86-64 with AVX2
+/// the same code is compiled for 256-bit registers: every lane does the same `f32`
+/// multiplications and additions in the same order, so the results are identical.
 fn head_attention(
+    qh: &[f32],
+    k: &[f32],
+    v: &[f32],
+    spec: AttnSpec,
+    pos: usize,
+    head: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was just detected.
+        return unsafe { head_attention_avx2(qh, k, v, spec, pos, head, out) };
+    }
+    head_attention_body(qh, k, v, spec, pos, head, out);
+}
+
+/// [`head_attention_body`] compiled with AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn head_attention_avx2(
+    qh: &[f32],
+    k: &[f32],
+    v: &[f32],
+    spec: AttnSpec,
+    pos: usize,
+    head: usize,
+    out: &mut [f32],
+) {
+    head_attention_body(qh, k, v, spec, pos, head, out);
+}
+
+#[inline(always)]
+fn head_attention_body(
     qh: &[f32],
     k: &[f32],
     v: &[f32],
@@ -63,9 +99,12 @@ fn head_attention(
     let kv_dim = spec.n_kv_heads * hd;
     let kv_head = head / (spec.n_heads / spec.n_kv_heads);
     let start = spec.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-    let mut scores: Vec<f32> = (start..=pos)
-        .map(|j| dot(qh, &k[j * kv_dim + kv_head * hd..][..hd]) * spec.scale)
-        .collect();
+    // A plain loop rather than an iterator chain, so that `dot` is compiled inside this
+    // function (and with its target features).
+    let mut scores = Vec::with_capacity(pos + 1 - start);
+    for j in start..=pos {
+        scores.push(dot(qh, &k[j * kv_dim + kv_head * hd..][..hd]) * spec.scale);
+    }
     if let Some(cap) = spec.softcap {
         crate::ops::softcap(&mut scores, cap);
     }

@@ -2,8 +2,9 @@
 //! fixed order of arithmetic, so a row's result never depends on how many rows share a call
 //! (the property lossless speculative decoding needs).
 
-/// Dot product with eight fixed accumulator lanes and a fixed final reduction.
-#[inline]
+/// Dot product with eight fixed accumulator lanes and a fixed final reduction. Always
+/// inlined, so that callers compiled with wider registers (attention) vectorize it.
+#[inline(always)]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let mut acc = [0f32; 8];

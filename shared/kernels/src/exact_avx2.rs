@@ -84,7 +84,13 @@ fn rows<const T: u8>(
     let step = panel_rows * rb;
     for (p, panel) in w.chunks(step).enumerate() {
         for (wrow, dst) in panel.chunks_exact(rb).zip(scratch.chunks_exact_mut(k)) {
-            dec.row::<T>(wrow, dst);
+            if paired.is_some() {
+                // SAFETY: a `Paired` exists only where AVX-512F and VL were
+                // detected.
+                unsafe { dec.row_wide::<T>(wrow, dst) };
+            } else {
+                dec.row::<T>(wrow, dst);
+            }
         }
         let len = panel.len() / rb;
         let ahead = w
