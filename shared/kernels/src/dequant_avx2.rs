@@ -187,7 +187,7 @@ impl Decoder {
     /// single rounding per weight), sixteen at a time.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-    fn weights16<const T: u8>(&self, blk: &[u8], h: usize) -> __m512 {
+    pub(crate) fn weights16<const T: u8>(&self, blk: &[u8], h: usize) -> __m512 {
         let splat = |v: f32| _mm512_set1_ps(v);
         let d = || _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(self.d)));
         match T {

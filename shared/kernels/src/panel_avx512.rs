@@ -36,8 +36,8 @@ pub(crate) struct Paired {
 
 impl Paired {
     /// The pairing of `x` (`m` rows of `k`) when `matmul_exact` on `isa`
-    /// will run the wide panel kernel for `qtype`: a quantized type, more
-    /// rows than the fused tile takes and AVX-512F + VL present.
+    /// will run the wide panel kernel for `qtype`: a quantized type, AVX-512F
+    /// and VL present, and a staged plan.
     pub(crate) fn for_exact(
         isa: crate::Isa,
         qtype: crate::QType,
@@ -45,10 +45,11 @@ impl Paired {
         m: usize,
         k: usize,
     ) -> Option<Self> {
+        use crate::exact_avx2::Plan;
         let wide = isa != crate::Isa::Scalar
             && !matches!(qtype, crate::QType::F32 | crate::QType::F16)
-            && m > crate::exact_avx2::FUSED_ROWS
-            && wide_available();
+            && wide_available()
+            && Plan::choose(m, k, true) == Plan::Staged;
         // SAFETY: AVX-512F and AVX-512VL were detected (`wide_available`).
         wide.then(|| unsafe { Paired::new(x, m, k) })
     }
