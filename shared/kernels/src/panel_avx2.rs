@@ -31,7 +31,7 @@ use crate::simd::{hsum, prefetch_l2};
 use crate::tile::{dispatch_group, groups};
 
 /// Elements of a row walked before moving to the next tile.
-pub(crate) const SEGMENT: usize = 512;
+const SEGMENT: usize = 512;
 
 /// Dequantized weights per panel: the panel and a group's activation
 /// segments together stay within L1.
