@@ -62,10 +62,15 @@
 //! Weight-stationary on AVX2: with up to three activation rows each weight
 //! block is decoded once, eight weights at a time, and FMA'd straight into
 //! the accumulators of every row; with more rows, small panels of weight
-//! rows (16 KiB of f32) are dequantized once into a scratch buffer that
-//! every group of three activation rows then sweeps. Which of the two runs depends on the
-//! number of rows only and cannot change a result. The portable path
-//! dequantizes each weight row once per call.
+//! rows are dequantized once into an aligned scratch buffer that register
+//! tiles then sweep, one accumulator chain at a time. Where AVX-512F and VL
+//! exist, the same per-pair arithmetic runs in 512-bit registers (two 8-lane
+//! chains per register): decoding sixteen weights at a time for up to nine
+//! rows whose activations fit in L1, and two activation rows per register
+//! in the panel sweep. Which path runs depends on the shape and the CPU only
+//! and cannot change a result (a proptest runs every path on the same inputs
+//! and compares the bits). The portable path dequantizes each weight row
+//! once per call.
 //!
 //! # Instruction sets
 //!
