@@ -179,12 +179,7 @@ pub(crate) const PREFETCH_AHEAD: usize = 4096;
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn prefetch(bytes: &[u8], at: usize, len: usize) {
-    let end = at.saturating_add(len).min(bytes.len());
-    for i in (at..end).step_by(64) {
-        // SAFETY: `i < bytes.len()` keeps the pointer inside the slice, and a
-        // prefetch never faults or changes program state.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(i).cast()) };
-    }
+    prefetch_lines::<_MM_HINT_T0>(bytes, at, len);
 }
 
 /// Hints the cache lines of `bytes[at..at + len]` (clamped to the slice)
@@ -193,10 +188,18 @@ pub(crate) fn prefetch(bytes: &[u8], at: usize, len: usize) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn prefetch_l2(bytes: &[u8], at: usize, len: usize) {
+    prefetch_lines::<_MM_HINT_T1>(bytes, at, len);
+}
+
+/// One `_mm_prefetch` with hint `HINT` per 64 bytes of `bytes[at..at + len]`
+/// (clamped to the slice).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn prefetch_lines<const HINT: i32>(bytes: &[u8], at: usize, len: usize) {
     let end = at.saturating_add(len).min(bytes.len());
     for i in (at..end).step_by(64) {
         // SAFETY: `i < bytes.len()` keeps the pointer inside the slice, and a
         // prefetch never faults or changes program state.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(bytes.as_ptr().add(i).cast()) };
+        unsafe { _mm_prefetch::<HINT>(bytes.as_ptr().add(i).cast()) };
     }
 }
