@@ -25,6 +25,7 @@
 //! result.
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use crate::panel_avx512::{Paired, Wide};
 use crate::simd::{hsum, prefetch_l2};
@@ -96,10 +97,13 @@ impl<'a> Panel<'a> {
     }
 }
 
-/// `(segment count, segment length)` for rows of `k` elements.
-pub(crate) fn segments(k: usize) -> (usize, usize) {
+/// The segments of a row of `k` elements (a multiple of 32), as ranges of
+/// 8-element chunks, each starting at a multiple of four chunks: about
+/// [`SEGMENT`] elements each, of near-equal length.
+pub(crate) fn segments(k: usize) -> impl ExactSizeIterator<Item = Range<usize>> + Clone {
     let count = k.div_ceil(SEGMENT);
-    (count, (k / 32).div_ceil(count) * 32)
+    let seg = (k / 32).div_ceil(count) * 32;
+    (0..count).map(move |s| s * seg / 8..((s + 1) * seg).min(k) / 8)
 }
 
 /// Prefetches `ahead` in `tiles` equal shares, one per call.
@@ -141,14 +145,16 @@ fn sweep(
     state: &mut Vec<[__m256; 4]>,
 ) {
     let rows = panel.len() / k;
-    let (count, seg) = segments(k);
-    let mut ahead = Ahead::new(ahead, outs.len().div_ceil(R) * rows.div_ceil(J) * count);
+    let segs = segments(k);
+    let mut ahead = Ahead::new(
+        ahead,
+        outs.len().div_ceil(R) * rows.div_ceil(J) * segs.len(),
+    );
     for (r0, len) in groups(outs.len(), R) {
         let xs = &x[r0 * k..(r0 + len) * k];
         state.clear();
         state.resize(rows * len, [_mm256_setzero_ps(); 4]);
-        for s in 0..count {
-            let chunks = s * seg / 8..((s + 1) * seg).min(k) / 8;
+        for chunks in segs.clone() {
             for i in (0..rows).step_by(J) {
                 let jn = (rows - i).min(J);
                 let w = &panel[i * k..(i + jn) * k];
@@ -181,7 +187,7 @@ fn tile<const JN: usize, const RN: usize>(
     w: &[f32],
     x: &[f32],
     k: usize,
-    chunks: std::ops::Range<usize>,
+    chunks: Range<usize>,
     state: &mut [[__m256; 4]],
 ) {
     assert!(w.len() == JN * k && x.len() == RN * k && state.len() == JN * RN);

@@ -118,15 +118,14 @@ impl<'a> Wide<'a> {
         assert!(k == paired.k && outs.len() == m && panel.len().is_multiple_of(k));
         let rows = panel.len() / k;
         let pairs = m.div_ceil(2);
-        let (count, seg) = segments(k);
-        let mut ahead = Ahead::new(ahead, pairs.div_ceil(P) * rows.div_ceil(J) * count);
+        let segs = segments(k);
+        let mut ahead = Ahead::new(ahead, pairs.div_ceil(P) * rows.div_ceil(J) * segs.len());
         for (p0, len) in groups(pairs, P) {
             let xs = &paired.xi[p0 * k / 8..(p0 + len) * k / 8];
             let state = &mut self.state;
             state.clear();
             state.resize(rows * len, [_mm512_setzero_ps(); 4]);
-            for s in 0..count {
-                let chunks = s * seg / 8..((s + 1) * seg).min(k) / 8;
+            for chunks in segs.clone() {
                 for i in (0..rows).step_by(J) {
                     let jn = (rows - i).min(J);
                     let w = &panel[i * k..(i + jn) * k];
