@@ -29,11 +29,7 @@ pub async fn start(
 ) -> Result<Loopback> {
     let (service, d_registry) =
         serve::drafter_service(drafter, models, &DrafterOptions::default())?;
-    let (d_grpc, d_metrics) = (
-        TcpListener::bind("127.0.0.1:0").await?,
-        TcpListener::bind("127.0.0.1:0").await?,
-    );
-    let d_url = format!("http://{}", d_grpc.local_addr()?);
+    let (d_grpc, d_metrics, d_url) = bind().await?;
     tokio::spawn(tandem_drafter::serve(
         service,
         d_registry,
@@ -49,11 +45,7 @@ pub async fn start(
     )
     .await?;
     let engine = service.engine().clone();
-    let (v_grpc, v_metrics) = (
-        TcpListener::bind("127.0.0.1:0").await?,
-        TcpListener::bind("127.0.0.1:0").await?,
-    );
-    let url = format!("http://{}", v_grpc.local_addr()?);
+    let (v_grpc, v_metrics, url) = bind().await?;
     tokio::spawn(tandem_verifier::serve(
         service,
         registry,
@@ -63,4 +55,12 @@ pub async fn start(
     ));
     serve::wait_serving(&url).await?;
     Ok(Loopback { url, engine })
+}
+
+/// A gRPC and a metrics listener on ports the OS picks, and the gRPC URL.
+async fn bind() -> Result<(TcpListener, TcpListener, String)> {
+    let grpc = TcpListener::bind("127.0.0.1:0").await?;
+    let metrics = TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", grpc.local_addr()?);
+    Ok((grpc, metrics, url))
 }
