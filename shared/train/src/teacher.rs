@@ -191,8 +191,10 @@ pub fn sparse(logits: &[f32], keep: usize) -> SparseTarget {
     let keep = keep.min(idx.len());
     if keep < idx.len() {
         idx.select_nth_unstable_by(keep, by_logit);
-        idx.truncate(keep);
     }
+    // A fresh vector: a truncated one would keep the vocabulary-sized buffer (1 MiB per
+    // position of a 262k vocabulary) alive in every stored sample.
+    let mut idx = idx[..keep].to_vec();
     idx.sort_by(by_logit);
     let probs = idx
         .iter()
@@ -274,5 +276,24 @@ impl Pool {
     /// Every generated sample.
     pub fn generated(&self) -> Vec<&Sample> {
         self.samples.iter().flatten().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sparse_keeps_the_most_likely_ids_in_order_and_nothing_more() {
+        let logits: Vec<f32> = (0..10_000)
+            .map(|i| ((i * 7919) % 10_007) as f32 / 1e3)
+            .collect();
+        let s = sparse(&logits, 4);
+        let mut order: Vec<u32> = (0..10_000).collect();
+        order.sort_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]));
+        assert_eq!(s.ids, order[..4]);
+        assert!(s.probs.windows(2).all(|w| w[0] >= w[1]));
+        // Samples are kept for the whole run: each must hold its kept ids only.
+        assert!(s.ids.capacity() <= 4 && s.probs.capacity() <= 4);
     }
 }
