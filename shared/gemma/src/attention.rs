@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use crate::ops::dot;
+use tandem_kernels::dot;
 
 /// Shape and masking of one attention call.
 #[derive(Debug, Clone, Copy)]

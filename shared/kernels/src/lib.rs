@@ -102,8 +102,10 @@ mod quantize;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 mod tile;
+mod vector;
 
 pub use error::KernelError;
 pub use isa::Isa;
 pub use matrix::QMatrix;
 pub use qtype::QType;
+pub use vector::dot;

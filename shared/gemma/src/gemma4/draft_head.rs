@@ -14,7 +14,7 @@ use tandem_kernels::QMatrix;
 use super::block::{linear, Weights};
 use super::config::AssistantConfig;
 use crate::error::{GemmaError, Result};
-use crate::ops::dot;
+use tandem_kernels::dot;
 
 const CENTROIDS: &str = "masked_embedding.centroids.weight";
 const ORDERING: &str = "masked_embedding.token_ordering";
