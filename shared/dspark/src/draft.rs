@@ -3,38 +3,49 @@
 //! context never changes, so rows are appended once and never re-projected), then one
 //! parallel backbone pass over the block and sequential Markov sampling of its tokens.
 
-use candle_core::{Device, Tensor};
-use candle_nn::kv_cache::{Cache, KvCache};
 use tandem_core::{distribution, DraftBlock, Sampler, SparseDist};
+use tandem_gemma::{RestrictedHead, TargetHead};
 
-use crate::backbone::ContextKv;
+use crate::config::DraftVocab;
 use crate::error::{DsparkError, Result};
-use crate::model::{DraftHead, Dspark};
+use tandem_kernels::dot;
 
-/// Initial capacity (positions) of a context cache, and its growth step.
-const CACHE_CHUNK: usize = 256;
+use crate::frozen::{rms_norm, sigmoid, Frozen, KeyValues};
+use crate::model::Dspark;
 
-/// One session's committed context as the drafter has projected it.
+/// A drafter frozen for inference against one target: its parameters copied out of their
+/// `Var`s, the target's anchor embedding and its head restricted to the draft vocabulary.
+/// Made by [`Dspark::drafter`], which checks the target; a trainer stepping the model
+/// afterwards does not change it.
+pub struct Drafter {
+    frozen: Frozen,
+    target: TargetHead,
+    restricted: RestrictedHead,
+    vocab: DraftVocab,
+    gamma: usize,
+    heads: usize,
+    eps: f32,
+    vocab_size: usize,
+    row_width: usize,
+}
+
+/// One session's committed context as the drafter has projected it: each layer's keys
+/// and values of every position received (committed context never changes, so rows are
+/// appended once and never re-projected).
 pub struct ContextCache {
-    ctx: Cache,
-    layers: Vec<KvCache>,
-    width: usize,
+    layers: Vec<KeyValues>,
+    len: usize,
 }
 
 impl ContextCache {
     /// Number of context positions received.
     pub fn len(&self) -> usize {
-        self.ctx.current_seq_len()
+        self.len
     }
 
     /// Whether no position was received yet.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// `H_ctx [len, d]`: the projected, normalised context rows (`None` when empty).
-    pub fn context_rows(&self) -> Result<Option<Tensor>> {
-        Ok(self.ctx.current_data()?)
+        self.len == 0
     }
 }
 
@@ -56,58 +67,91 @@ pub struct ScoredBlock {
     pub confidences: Vec<f32>,
 }
 
-/// The parallel part of a block: final states and base logits (before Markov).
+/// The parallel part of a block: final states `[γ, d]` and base logits (before Markov).
 struct Backbone {
-    out: Tensor,
+    out: Vec<f32>,
     base: Vec<f32>,
-    vd: usize,
 }
 
 impl Dspark {
+    /// The drafter frozen for inference through `head`. Fails with
+    /// [`DsparkError::TargetMismatch`] when `head` belongs to another target.
+    pub fn drafter(&self, head: &TargetHead) -> Result<Drafter> {
+        self.check_target(head)?;
+        Ok(Drafter {
+            frozen: Frozen::of(&self.params)?,
+            restricted: head.restrict(self.vocab.ids())?,
+            target: head.clone(),
+            vocab: self.vocab.clone(),
+            gamma: self.cfg.gamma,
+            heads: self.cfg.n_heads,
+            eps: self.dims.eps as f32,
+            vocab_size: self.dims.vocab,
+            row_width: self.row_width(),
+        })
+    }
+}
+
+impl Drafter {
+    /// The underlying target head.
+    pub fn target(&self) -> &TargetHead {
+        &self.target
+    }
+
+    /// The head restricted to the draft vocabulary.
+    pub fn restricted(&self) -> &RestrictedHead {
+        &self.restricted
+    }
+
+    /// Floats per snapshot row (see [`Dspark::row_width`]).
+    pub fn row_width(&self) -> usize {
+        self.row_width
+    }
+
     /// An empty context cache for one session.
     pub fn new_cache(&self) -> ContextCache {
         ContextCache {
-            ctx: Cache::new(0, CACHE_CHUNK),
-            layers: (0..self.cfg.n_layers)
-                .map(|_| KvCache::new(0, CACHE_CHUNK))
+            layers: self
+                .frozen
+                .layers
+                .iter()
+                .map(|_| KeyValues::default())
                 .collect(),
-            width: self.row_width(),
+            len: 0,
         }
     }
 
     /// Appends snapshot rows (row-major, [`Dspark::row_width`] floats each) of the next
     /// committed positions: projects them once into every layer's keys and values.
     pub fn extend(&self, cache: &mut ContextCache, rows: &[f32]) -> Result<()> {
-        if cache.width != self.row_width() || !rows.len().is_multiple_of(cache.width) {
+        if cache.layers.len() != self.frozen.layers.len()
+            || !rows.len().is_multiple_of(self.row_width)
+        {
             return Err(DsparkError::Invalid(format!(
                 "{} floats is not a whole number of rows of {}",
                 rows.len(),
-                self.row_width()
+                self.row_width
             )));
         }
-        let n = rows.len() / cache.width;
+        let n = rows.len() / self.row_width;
         if n == 0 {
             return Ok(());
         }
-        let taps = Tensor::from_slice(rows, (n, cache.width), &Device::Cpu)?;
-        let h_ctx = self.params.context(&taps, self.dims.eps)?;
-        for (layer, kv) in self.params.layers.iter().zip(&mut cache.layers) {
-            let (k, v) = layer.context_kv(&h_ctx, self.dims.eps)?;
-            kv.append(&k, &v)?;
+        let f = &self.frozen;
+        let h_ctx = rms_norm(&f.w_c.apply(rows, n)?, &f.ctx_norm, self.eps);
+        for (layer, kv) in f.layers.iter().zip(&mut cache.layers) {
+            let new = layer.context_kv(&h_ctx, n, self.eps)?;
+            kv.k.extend_from_slice(&new.k);
+            kv.v.extend_from_slice(&new.v);
         }
-        cache.ctx.append(&h_ctx)?;
+        cache.len += n;
         Ok(())
     }
 
     /// The block after `anchor` with teacher-forced previous tokens `prev` (target ids,
     /// `prev[0] == anchor`), one position per entry: the logits and confidences of the
     /// training forward, computed through the cache and the quantized head.
-    pub fn score(
-        &self,
-        cache: &ContextCache,
-        head: &DraftHead,
-        prev: &[u32],
-    ) -> Result<ScoredBlock> {
+    pub fn score(&self, cache: &ContextCache, prev: &[u32]) -> Result<ScoredBlock> {
         let anchor = *prev
             .first()
             .ok_or_else(|| DsparkError::Invalid("no previous tokens".into()))?;
@@ -115,7 +159,7 @@ impl Dspark {
             anchor,
             gamma: prev.len(),
         })?;
-        let bb = self.backbone(cache, head, anchor, prev.len())?;
+        let bb = self.backbone(cache, anchor, prev.len())?;
         let mut scored = ScoredBlock {
             logits: Vec::new(),
             confidences: Vec::new(),
@@ -134,12 +178,11 @@ impl Dspark {
     pub fn draft(
         &self,
         cache: &ContextCache,
-        head: &DraftHead,
         req: &DraftRequest,
         sampler: &mut Sampler,
     ) -> Result<DraftBlock> {
         self.check_request(*req)?;
-        let bb = self.backbone(cache, head, req.anchor, req.gamma)?;
+        let bb = self.backbone(cache, req.anchor, req.gamma)?;
         let mut block = DraftBlock::default();
         let mut prev = req.anchor;
         for k in 0..req.gamma {
@@ -165,20 +208,20 @@ impl Dspark {
     }
 
     fn check_request(&self, req: DraftRequest) -> Result<()> {
-        if req.gamma == 0 || req.gamma > self.cfg.gamma {
+        if req.gamma == 0 || req.gamma > self.gamma {
             return Err(DsparkError::Invalid(format!(
                 "gamma {} is outside 1..={}",
-                req.gamma, self.cfg.gamma
+                req.gamma, self.gamma
             )));
         }
         self.check_token(req.anchor)
     }
 
     fn check_token(&self, t: u32) -> Result<()> {
-        if t as usize >= self.dims.vocab {
+        if t as usize >= self.vocab_size {
             return Err(DsparkError::Invalid(format!(
                 "token {t} is outside the target vocabulary of {}",
-                self.dims.vocab
+                self.vocab_size
             )));
         }
         Ok(())
@@ -186,62 +229,36 @@ impl Dspark {
 
     /// The backbone over the full configured block (as trained), base logits of the first
     /// `gamma` positions through the quantized head.
-    fn backbone(
-        &self,
-        cache: &ContextCache,
-        head: &DraftHead,
-        anchor: u32,
-        gamma: usize,
-    ) -> Result<Backbone> {
-        if head.restricted.len() != self.vocab.len() {
-            return Err(DsparkError::Invalid(format!(
-                "the head scores {} tokens, the drafter {}",
-                head.restricted.len(),
-                self.vocab.len()
-            )));
+    fn backbone(&self, cache: &ContextCache, anchor: u32, gamma: usize) -> Result<Backbone> {
+        let f = &self.frozen;
+        let d = f.tok_proj.out();
+        let emb = self.target.embed(anchor)?;
+        let mut block = f.block_init.clone();
+        block[..d]
+            .iter_mut()
+            .zip(f.tok_proj.apply(&emb, 1)?)
+            .for_each(|(b, e)| *b += e);
+        for (layer, kv) in f.layers.iter().zip(&cache.layers) {
+            block = layer.forward(&block, kv, self.heads, self.eps)?;
         }
-        let p = &self.params;
-        let emb = head.target.embed(anchor)?;
-        let emb = Tensor::from_vec(emb, (1, self.dims.hidden), &Device::Cpu)?;
-        let mut block = p.block(&emb)?;
-        for (layer, kv) in p.layers.iter().zip(&cache.layers) {
-            let (k, v) = (kv.k()?, kv.v()?);
-            let (k, v) = (unsqueeze(k)?, unsqueeze(v)?);
-            let ctx = ContextKv {
-                k: k.as_ref(),
-                v: v.as_ref(),
-                bias: None,
-            };
-            block = layer.forward(&block, &ctx, self.shape())?;
-        }
-        let (out, hidden) = p.outputs(&block.squeeze(0)?, self.dims.eps)?;
-        let rows = hidden
-            .narrow(0, 0, gamma)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        let base = head.restricted.logits(&rows, gamma)?;
-        Ok(Backbone {
-            out,
-            base,
-            vd: head.restricted.len(),
-        })
+        let out = rms_norm(&block, &f.out_norm, self.eps);
+        let hidden = f.out_proj.apply(&out[..gamma * d], gamma)?;
+        let base = self.restricted.logits(&hidden, gamma)?;
+        Ok(Backbone { out, base })
     }
 
     /// Logits and confidence of block position `k` given the previous token `prev`.
     fn markov_step(&self, bb: &Backbone, k: usize, prev: u32) -> Result<(Vec<f32>, f32)> {
-        let p = &self.params;
-        let e1 = p.markov_w1.narrow(0, self.vocab.markov_row(prev), 1)?;
-        let markov = e1.matmul(&p.markov_w2)?.squeeze(0)?.to_vec1::<f32>()?;
-        let mut logits = bb.base[k * bb.vd..(k + 1) * bb.vd].to_vec();
-        logits.iter_mut().zip(&markov).for_each(|(l, m)| *l += m);
-        let conf = p
-            .confidence(&bb.out.narrow(0, k, 1)?, &e1)?
-            .squeeze(0)?
-            .to_scalar::<f32>()?;
-        Ok((logits, conf))
+        let f = &self.frozen;
+        let (r, vd, d) = (f.rank(), self.restricted.len(), f.tok_proj.out());
+        let row = self.vocab.markov_row(prev);
+        let e1 = &f.markov_w1[row * r..(row + 1) * r];
+        let mut logits = f.markov_w2.apply(e1, 1)?;
+        logits
+            .iter_mut()
+            .zip(&bb.base[k * vd..(k + 1) * vd])
+            .for_each(|(m, b)| *m += b);
+        let z = dot(&bb.out[k * d..(k + 1) * d], &f.conf_w[..d]) + dot(e1, &f.conf_w[d..]);
+        Ok((logits, sigmoid(z + f.conf_b)))
     }
-}
-
-fn unsqueeze(t: Option<Tensor>) -> Result<Option<Tensor>> {
-    Ok(t.map(|t| t.unsqueeze(0)).transpose()?)
 }

@@ -40,6 +40,9 @@ pub enum DsparkError {
     /// An error of the target model crate (head loading, logits).
     #[error(transparent)]
     Target(#[from] tandem_gemma::GemmaError),
+    /// An error of the frozen inference kernels.
+    #[error(transparent)]
+    Kernel(#[from] tandem_kernels::KernelError),
     /// An error from candle (first line only: candle may append a backtrace).
     #[error("{}", .0.to_string().lines().next().unwrap_or_default())]
     Candle(#[from] candle_core::Error),

@@ -7,8 +7,9 @@
 //!
 //! * [`Dspark`] holds the parameters (candle `Var`s, trainable in place);
 //!   [`Dspark::forward_train`] is the batched, differentiable training forward.
-//! * [`ContextCache`] keeps a session's projected context so drafting costs attention over
-//!   (context + γ), never a re-projection of the context.
+//! * [`Drafter`] is a drafter frozen for inference (plain f32 over the batch-invariant
+//!   kernels); its [`ContextCache`] keeps a session's projected context so drafting costs
+//!   attention over (context + γ), never a re-projection of the context.
 //! * [`DsparkProposer`] implements [`tandem_core::Proposer`].
 //! * Checkpoints are safetensors plus a manifest bound to the target's identity.
 
@@ -17,6 +18,7 @@ mod checkpoint;
 mod config;
 mod draft;
 mod error;
+mod frozen;
 mod model;
 mod params;
 mod proposer;
@@ -24,8 +26,8 @@ mod train;
 
 pub use checkpoint::{SaveOptions, MANIFEST};
 pub use config::{DraftVocab, DsparkConfig, TargetDims};
-pub use draft::{ContextCache, DraftRequest, ScoredBlock};
+pub use draft::{ContextCache, DraftRequest, Drafter, ScoredBlock};
 pub use error::{DsparkError, Result};
-pub use model::{DraftHead, Dspark};
+pub use model::Dspark;
 pub use proposer::DsparkProposer;
 pub use train::{TrainBatch, TrainOutput};

@@ -3,7 +3,7 @@
 //! immutable apart from its `Var`s, which a trainer updates in place.
 
 use candle_core::Var;
-use tandem_gemma::{RestrictedHead, TargetHead, TargetIdentity};
+use tandem_gemma::{TargetHead, TargetIdentity};
 
 use crate::backbone::Shape;
 use crate::config::{DraftVocab, DsparkConfig, TargetDims};
@@ -17,26 +17,6 @@ pub struct Dspark {
     pub(crate) target: TargetIdentity,
     pub(crate) vocab: DraftVocab,
     pub(crate) params: Params,
-}
-
-/// The target head as a drafter uses it: the anchor embedding and the head restricted to
-/// the draft vocabulary. Made by [`Dspark::draft_head`], which checks the target.
-#[derive(Debug, Clone)]
-pub struct DraftHead {
-    pub(crate) target: TargetHead,
-    pub(crate) restricted: RestrictedHead,
-}
-
-impl DraftHead {
-    /// The underlying target head.
-    pub fn target(&self) -> &TargetHead {
-        &self.target
-    }
-
-    /// The head restricted to the draft vocabulary.
-    pub fn restricted(&self) -> &RestrictedHead {
-        &self.restricted
-    }
 }
 
 impl Dspark {
@@ -84,16 +64,6 @@ impl Dspark {
     /// storage with the model: an optimizer stepping them updates the drafter.
     pub fn vars(&self) -> Vec<(String, Var)> {
         self.params.named()
-    }
-
-    /// The target head prepared for drafting. Fails with
-    /// [`DsparkError::TargetMismatch`] when `head` belongs to another target.
-    pub fn draft_head(&self, head: &TargetHead) -> Result<DraftHead> {
-        self.check_target(head)?;
-        Ok(DraftHead {
-            restricted: head.restrict(self.vocab.ids())?,
-            target: head.clone(),
-        })
     }
 
     pub(crate) fn check_target(&self, head: &TargetHead) -> Result<()> {

@@ -10,35 +10,39 @@ use tandem_core::{
 };
 use tandem_gemma::TargetHead;
 
-use crate::draft::{ContextCache, DraftRequest};
+use crate::draft::{ContextCache, DraftRequest, Drafter};
 use crate::error::{DsparkError, Result};
-use crate::model::{DraftHead, Dspark};
+use crate::model::Dspark;
 
 /// XORed into the request seed so the drafter's key stream is not the verifier's.
 const DRAFT_SEED_MIX: u64 = 0xD5FA_4C0D_E5EE_D001;
 
 /// A DSpark drafter serving sessions.
 pub struct DsparkProposer {
-    model: Arc<Dspark>,
-    head: Arc<DraftHead>,
+    drafter: Arc<Drafter>,
+    max_gamma: usize,
+    spec: SnapshotSpec,
 }
 
 impl DsparkProposer {
     /// A proposer for `model` drafting through `target`'s head (checked to be the target
     /// the model was made for).
     pub fn new(model: Arc<Dspark>, target: &TargetHead) -> Result<Self> {
-        let head = Arc::new(model.draft_head(target)?);
-        Ok(Self { model, head })
+        Ok(Self {
+            drafter: Arc::new(model.drafter(target)?),
+            max_gamma: model.config().gamma,
+            spec: SnapshotSpec::taps(&model.config().tap_layers, model.dims().hidden),
+        })
     }
 }
 
 impl Proposer for DsparkProposer {
     fn snapshot_spec(&self) -> SnapshotSpec {
-        SnapshotSpec::taps(&self.model.config().tap_layers, self.model.dims().hidden)
+        self.spec.clone()
     }
 
     fn max_gamma(&self) -> usize {
-        self.model.config().gamma
+        self.max_gamma
     }
 
     fn open(
@@ -51,9 +55,8 @@ impl Proposer for DsparkProposer {
         };
         let sampler = Sampler::new(params).map_err(|e| ProposeError::Invalid(e.to_string()))?;
         Ok(Box::new(DsparkSession {
-            cache: self.model.new_cache(),
-            model: Arc::clone(&self.model),
-            head: Arc::clone(&self.head),
+            cache: self.drafter.new_cache(),
+            drafter: Arc::clone(&self.drafter),
             sampler,
         }))
     }
@@ -61,8 +64,7 @@ impl Proposer for DsparkProposer {
 
 /// One generation's drafting state.
 struct DsparkSession {
-    model: Arc<Dspark>,
-    head: Arc<DraftHead>,
+    drafter: Arc<Drafter>,
     cache: ContextCache,
     sampler: Sampler,
 }
@@ -76,7 +78,7 @@ fn to_propose_error(e: DsparkError) -> ProposeError {
 
 impl ProposerSession for DsparkSession {
     fn extend(&mut self, rows: &SnapshotRows) -> std::result::Result<(), ProposeError> {
-        let width = self.model.row_width();
+        let width = self.drafter.row_width();
         if rows.width != width || !rows.data.len().is_multiple_of(width) {
             return Err(ProposeError::Invalid(format!(
                 "snapshot rows of width {} ({} floats), expected width {width}",
@@ -91,7 +93,7 @@ impl ProposerSession for DsparkSession {
                 self.cache.len()
             )));
         }
-        self.model
+        self.drafter
             .extend(&mut self.cache, &rows.data)
             .map_err(to_propose_error)
     }
@@ -108,8 +110,8 @@ impl ProposerSession for DsparkSession {
             anchor: req.anchor,
             gamma: req.gamma,
         };
-        self.model
-            .draft(&self.cache, &self.head, &draft, &mut self.sampler)
+        self.drafter
+            .draft(&self.cache, &draft, &mut self.sampler)
             .map_err(to_propose_error)
     }
 }

@@ -8,19 +8,16 @@ use tandem_core::{Sampler, SamplingParams};
 use tandem_dspark::{DraftRequest, Dspark, DsparkConfig, DsparkError, SaveOptions, MANIFEST};
 
 fn drafted(model: &Dspark, head: &tandem_gemma::TargetHead) -> Vec<u32> {
-    let dh = model.draft_head(head).expect("head");
-    let mut cache = model.new_cache();
+    let drafter = model.drafter(head).expect("drafter");
+    let mut cache = drafter.new_cache();
     let rows = taps(&mut Lcg::new(3), 6, model.row_width());
-    model.extend(&mut cache, &rows).expect("extend");
+    drafter.extend(&mut cache, &rows).expect("extend");
     let mut s = Sampler::new(SamplingParams::default()).expect("sampler");
     let req = DraftRequest {
         anchor: 7,
         gamma: 4,
     };
-    model
-        .draft(&cache, &dh, &req, &mut s)
-        .expect("draft")
-        .tokens
+    drafter.draft(&cache, &req, &mut s).expect("draft").tokens
 }
 
 #[test]
@@ -101,7 +98,7 @@ fn another_targets_drafter_is_rejected() {
     let (want, found) = (head.identity().expect("id"), other.identity().expect("id"));
     assert!(msg.contains(&want.embedding_hash) && msg.contains(&found.embedding_hash));
     assert!(matches!(
-        model.draft_head(&other),
+        model.drafter(&other),
         Err(DsparkError::TargetMismatch { .. })
     ));
 }
