@@ -12,6 +12,8 @@
 //! from exponentially decayed counts under a prior that expects each position to do as well
 //! as the one before it (and the first to be accepted 2 times in 3, so a new generation
 //! starts by drafting).
+//! A new generation can start from what earlier ones of the same kind learnt ([`Learnt`],
+//! at most [`CARRIED_ROUNDS`] rounds' worth, so it still adapts to its own text quickly).
 //! Which γ a round uses never changes what is generated (each round is lossless on its own).
 
 /// Prior acceptance rate of the first draft position (optimistic, so that a new generation
@@ -19,6 +21,52 @@
 const PRIOR_FIRST: f64 = 2.0 / 3.0;
 /// Weight, in rounds, of each position's prior.
 const PRIOR_WEIGHT: f64 = 3.0;
+
+/// Most rounds of evidence a generation hands on to the next (see [`Learnt`]).
+pub const CARRIED_ROUNDS: f64 = 8.0;
+
+/// What generations learnt about their drafter: decayed acceptance counts per draft
+/// position and the measured costs. Made by [`GammaPolicy::learnt`], combined by
+/// [`Learnt::absorb`], and the starting point of [`GammaPolicy::with_learnt`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Learnt {
+    accepted: Vec<f64>,
+    drafted: Vec<f64>,
+    draft_cost: Option<f64>,
+    step_s: Option<f64>,
+    extra_s: Option<f64>,
+}
+
+impl Learnt {
+    /// Folds in a newer generation's figures: older counts weigh half, timings measured by
+    /// the newer one replace the older ones, and the total stays within
+    /// [`CARRIED_ROUNDS`].
+    pub fn absorb(&mut self, newer: Learnt) {
+        let n = self.drafted.len().max(newer.drafted.len());
+        for (old, new) in [
+            (&mut self.accepted, &newer.accepted),
+            (&mut self.drafted, &newer.drafted),
+        ] {
+            old.resize(n, 0.0);
+            old.iter_mut().for_each(|c| *c *= 0.5);
+            old.iter_mut().zip(new).for_each(|(c, x)| *c += x);
+        }
+        self.draft_cost = newer.draft_cost.or(self.draft_cost);
+        self.step_s = newer.step_s.or(self.step_s);
+        self.extra_s = newer.extra_s.or(self.extra_s);
+        self.cap();
+    }
+
+    /// Scales the counts down to at most [`CARRIED_ROUNDS`] judged first positions.
+    fn cap(&mut self) {
+        let first = self.drafted.first().copied().unwrap_or(0.0);
+        if first > CARRIED_ROUNDS {
+            let f = CARRIED_ROUNDS / first;
+            self.accepted.iter_mut().for_each(|c| *c *= f);
+            self.drafted.iter_mut().for_each(|c| *c *= f);
+        }
+    }
+}
 
 /// Settings of a [`GammaPolicy`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -86,6 +134,35 @@ impl GammaPolicy {
             plain_rounds: 0,
             cfg,
         })
+    }
+
+    /// A controller that starts from what earlier generations learnt instead of the
+    /// configured priors (counts beyond `max_gamma` are dropped).
+    pub fn with_learnt(cfg: GammaPolicyConfig, learnt: &Learnt) -> Result<Self, String> {
+        let mut p = Self::new(cfg)?;
+        for (mine, theirs) in [
+            (&mut p.accepted, &learnt.accepted),
+            (&mut p.drafted, &learnt.drafted),
+        ] {
+            mine.iter_mut().zip(theirs).for_each(|(m, t)| *m = *t);
+        }
+        p.draft_cost = learnt.draft_cost.unwrap_or(p.draft_cost);
+        p.step_s = learnt.step_s;
+        p.extra_s = learnt.extra_s;
+        Ok(p)
+    }
+
+    /// What this generation learnt, capped at [`CARRIED_ROUNDS`] rounds of evidence.
+    pub fn learnt(&self) -> Learnt {
+        let mut l = Learnt {
+            accepted: self.accepted.clone(),
+            drafted: self.drafted.clone(),
+            draft_cost: (self.drafted.first() > Some(&0.0)).then_some(self.draft_cost),
+            step_s: self.step_s,
+            extra_s: self.extra_s,
+        };
+        l.cap();
+        l
     }
 
     /// Estimated probability that draft position `k` (1-based) is accepted, given that the
@@ -261,6 +338,38 @@ mod tests {
         assert!(bad(|c| c.decay = 1.5));
         assert!(bad(|c| c.verify_slope = f64::NAN));
         assert!(bad(|c| c.draft_cost = -1.0));
+    }
+
+    #[test]
+    fn a_new_generation_starts_from_what_the_last_one_learnt() {
+        let mut first = policy(8);
+        for _ in 0..30 {
+            let g = first.choose().max(1);
+            first.record(g, 0, 0.002, 0.03);
+        }
+        let mut memory = Learnt::default();
+        memory.absorb(first.learnt());
+        let next = GammaPolicy::with_learnt(GammaPolicyConfig::new(8), &memory).expect("valid");
+        assert!(policy(8).choose() > 0, "without memory a generation drafts");
+        assert_eq!(
+            next.choose(),
+            0,
+            "a drafter never accepted is not tried again at once"
+        );
+        assert!(next.acceptance(1) < 0.3);
+        assert!(memory.drafted[0] <= CARRIED_ROUNDS + 1e-9);
+        let good = {
+            let mut p = policy(8);
+            for _ in 0..40 {
+                let g = p.choose();
+                p.record(g, g, 0.002, 0.03);
+            }
+            p.learnt()
+        };
+        memory.absorb(good);
+        let after = GammaPolicy::with_learnt(GammaPolicyConfig::new(4), &memory).expect("valid");
+        assert!(after.acceptance(1) > 0.6, "newer evidence outweighs older");
+        assert!(after.choose() > 0);
     }
 
     proptest! {

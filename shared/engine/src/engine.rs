@@ -20,6 +20,7 @@ use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
 
 use crate::drafting::Drafting;
 use crate::error::{EngineError, Result};
+use crate::memory::PolicyMemory;
 use crate::request::GenerationRequest;
 use crate::stats::{RoundStats, SpecStats, Timing};
 use crate::target::{Target, TargetSequence, TargetStep};
@@ -58,12 +59,18 @@ pub type Sink<'s> = dyn FnMut(&Update) -> ControlFlow<()> + 's;
 pub struct Engine {
     model: Arc<dyn Target>,
     tokenizer: Arc<GemmaTokenizer>,
+    memory: Arc<PolicyMemory>,
 }
 
 impl Engine {
-    /// An engine over a loaded target (Gemma 3 or Gemma 4) and its tokenizer.
+    /// An engine over a loaded target (Gemma 3 or Gemma 4) and its tokenizer. Its clones
+    /// share what adaptive generations learn about drafting.
     pub fn new(model: Arc<dyn Target>, tokenizer: Arc<GemmaTokenizer>) -> Self {
-        Self { model, tokenizer }
+        Self {
+            model,
+            tokenizer,
+            memory: Arc::default(),
+        }
     }
 
     /// The target.
@@ -86,6 +93,9 @@ impl Engine {
         self.check(req)?;
         let mut run = Generation::start(self, req, proposer)?;
         run.run(sink)?;
+        if let Some(policy) = &run.policy {
+            self.memory.record(&req.sampling, policy);
+        }
         Ok(run.outcome())
     }
 
@@ -154,7 +164,9 @@ impl<'e> Generation<'e> {
         };
         let policy = match req.adaptive_gamma && drafting.is_some() {
             true => Some(
-                GammaPolicy::new(GammaPolicyConfig::new(gamma))
+                engine
+                    .memory
+                    .policy(GammaPolicyConfig::new(gamma), &req.sampling)
                     .map_err(EngineError::InvalidRequest)?,
             ),
             false => None,

@@ -5,6 +5,7 @@
 mod drafting;
 mod engine;
 mod error;
+mod memory;
 mod request;
 mod stats;
 mod target;

@@ -2,7 +2,7 @@
 //! 270M: almost every round rejects the first draft token, and greedy output is still the
 //! plain output token for token (20 prompts × 64 new tokens, γ ∈ {1, 4, 8}); sampled
 //! output reproduces under a seed; the adaptive draft length turns such a drafter off
-//! without changing the output.
+//! without changing the output, and the next generation of the engine starts with it off.
 
 mod common;
 
@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use tandem_core::SamplingParams;
 use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
-use tandem_engine::GenerationRequest;
+use tandem_engine::{Engine, GenerationRequest, Update};
 
 use common::{engine, generate, reference, request, PROMPTS};
 
@@ -87,4 +87,46 @@ fn adaptive_gamma_turns_a_useless_drafter_off_and_keeps_the_output() {
             rounds.len()
         );
     }
+}
+
+/// The rounds of one generation on `engine`, which must reproduce plain decoding.
+fn rounds_of(
+    engine: &Engine,
+    prompt: &str,
+    drafter: &DsparkProposer,
+) -> Vec<tandem_engine::RoundStats> {
+    let req = GenerationRequest {
+        adaptive_gamma: true,
+        ..request(prompt, 32, 8)
+    };
+    let mut rounds = Vec::new();
+    let out = engine
+        .generate(&req, Some(drafter), &mut |u: &Update| {
+            rounds.extend(u.round);
+            std::ops::ControlFlow::Continue(())
+        })
+        .expect("generate");
+    let reference = reference(prompt, 32);
+    assert_eq!(out.tokens, reference[reference.len() - 32..], "{prompt:?}");
+    rounds
+}
+
+#[test]
+fn the_next_generation_starts_from_what_the_last_one_learnt() {
+    let shared = engine();
+    let fresh = Engine::new(shared.model().clone(), shared.tokenizer().clone());
+    let drafter = random_drafter();
+    let first = rounds_of(&fresh, PROMPTS[0], &drafter);
+    assert!(first[0].drafted > 0, "a new engine starts by drafting");
+    let second = rounds_of(&fresh, PROMPTS[1], &drafter);
+    assert_eq!(
+        second[0].drafted, 0,
+        "the engine learnt that this drafter is never accepted"
+    );
+    let clone = fresh.clone();
+    assert_eq!(
+        rounds_of(&clone, PROMPTS[2], &drafter)[0].drafted,
+        0,
+        "clones share it"
+    );
 }
