@@ -7,7 +7,7 @@
 //! 8.3 ms through candle's small ops, most of it dispatch rather than arithmetic, and about
 //! 4.8 ms here.
 
-use candle_core::{Tensor, Var};
+use candle_core::Var;
 use tandem_kernels::{dot, QMatrix, QType};
 
 use crate::error::Result;
@@ -51,8 +51,8 @@ fn flat(v: &Var) -> Result<Vec<f32>> {
 pub(crate) struct FrozenLayer {
     attn_norm: Vec<f32>,
     q: Linear,
-    pub(crate) k: Linear,
-    pub(crate) v: Linear,
+    k: Linear,
+    v: Linear,
     o: Linear,
     ff_norm: Vec<f32>,
     gate: Linear,
@@ -157,7 +157,8 @@ impl Frozen {
             markov_w1: flat(&p.markov_w1)?,
             markov_w2: Linear::of(&p.markov_w2)?,
             conf_w: flat(&p.conf_w)?,
-            conf_b: Tensor::to_vec1::<f32>(p.conf_b.as_tensor())?[0],
+            // `[1]`: the loader checks every shape.
+            conf_b: flat(&p.conf_b)?[0],
         })
     }
 
