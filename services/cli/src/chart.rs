@@ -1,27 +1,44 @@
-//! The PNG of `tandem bench speculative`, drawn with plotters' bitmap backend and no text
-//! (no font or system library needed). Left panel: acceptance rate per draft position
-//! (x: position 1..γ, y: 0..1), one line per γ, greedy in full colour, sampled paler.
-//! Right panel: speedup over plain decoding against γ (y from 0 to the largest speedup,
-//! at least 2; a grey line marks 1×), greedy red, sampled blue. Axes are black lines;
-//! the JSON holds the numbers.
+//! The PNG of `tandem bench speculative`, drawn with plotters' bitmap backend and a font
+//! compiled into the binary (Hack, from `epaint_default_fonts`), so it needs no system
+//! font. Left panel: acceptance rate per draft position (x: position 1..γ, y: 0..1), one
+//! line per γ, greedy in full colour, sampled paler. Right panel: speedup over plain
+//! decoding against γ (y from 0 to the largest speedup, at least 2; a grey line marks 1×),
+//! greedy red, sampled blue. The JSON holds the numbers.
 
 use std::path::Path;
+use std::sync::OnceLock;
 
 use anyhow::{anyhow, Result};
 use plotters::prelude::*;
 
 use crate::bench_spec::Mode;
 
-const SIZE: (u32, u32) = (1200, 500);
+const SIZE: (u32, u32) = (1200, 520);
+/// The family every text of the chart uses.
+const FONT: &str = "sans-serif";
 
 /// Draws `modes` (greedy first, then sampled) into `path`.
 pub fn draw(path: &Path, modes: &[Mode]) -> Result<()> {
+    register_font()?;
     let root = BitMapBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let (left, right) = root.split_horizontally(SIZE.0 / 2);
-    acceptance(&left.margin(30, 30, 30, 30), modes)?;
-    speedup(&right.margin(30, 30, 30, 30), modes)?;
+    acceptance(&left.margin(10, 10, 10, 20), modes)?;
+    speedup(&right.margin(10, 10, 10, 20), modes)?;
     root.present().map_err(err)
+}
+
+/// Registers the embedded font once per process.
+fn register_font() -> Result<()> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| {
+        plotters::style::register_font(FONT, FontStyle::Normal, epaint_default_fonts::HACK_REGULAR)
+            .is_ok()
+    });
+    match ok {
+        true => Ok(()),
+        false => Err(anyhow!("the embedded chart font is not a valid font")),
+    }
 }
 
 fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
@@ -30,16 +47,63 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 
 type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
 
-fn acceptance(area: &Area<'_>, modes: &[Mode]) -> Result<()> {
-    let max_gamma = modes
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    BitMapBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// A chart with a caption, labelled axes and integer ticks on x.
+fn chart<'a, 'b>(
+    area: &'a Area<'b>,
+    caption: &str,
+    (x, y): (std::ops::Range<f64>, std::ops::Range<f64>),
+    (x_desc, y_desc): (&str, &str),
+) -> Result<Chart<'a, 'b>> {
+    let ticks = (x.end - x.start).round() as usize + 1;
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, (FONT, 22))
+        .x_label_area_size(45)
+        .y_label_area_size(55)
+        .build_cartesian_2d(x, y)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_labels(ticks)
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.1}"))
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .label_style((FONT, 15))
+        .light_line_style(WHITE)
+        .draw()
+        .map_err(err)?;
+    Ok(chart)
+}
+
+fn max_gamma(modes: &[Mode]) -> usize {
+    modes
         .iter()
         .flat_map(|m| m.runs.iter().map(|r| r.gamma))
         .max()
-        .unwrap_or(1);
-    let mut chart = ChartBuilder::on(area)
-        .build_cartesian_2d(0.5f64..max_gamma as f64 + 0.5, 0f64..1.05)
-        .map_err(err)?;
-    axes(&mut chart, (0.5, max_gamma as f64 + 0.5), 0.0)?;
+        .unwrap_or(1)
+}
+
+fn mode_name(m: &Mode) -> String {
+    match m.temperature {
+        t if t == 0.0 => "greedy".into(),
+        t => format!("T = {t}"),
+    }
+}
+
+fn acceptance(area: &Area<'_>, modes: &[Mode]) -> Result<()> {
+    let g = max_gamma(modes) as f64;
+    let mut chart = chart(
+        area,
+        "Acceptance per draft position",
+        (0.5..g + 0.5, 0.0..1.05),
+        ("draft position", "acceptance rate"),
+    )?;
     for (mi, m) in modes.iter().enumerate() {
         for (ri, r) in m.runs.iter().enumerate() {
             let base = Palette99::pick(ri).to_rgba();
@@ -52,33 +116,35 @@ fn acceptance(area: &Area<'_>, modes: &[Mode]) -> Result<()> {
                 .collect();
             chart
                 .draw_series(LineSeries::new(pts.clone(), color.stroke_width(3)))
-                .map_err(err)?;
+                .map_err(err)?
+                .label(format!("γ = {}, {}", r.gamma, mode_name(m)))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
+                });
             chart
                 .draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
                 .map_err(err)?;
         }
     }
-    Ok(())
+    legend(&mut chart)
 }
 
 fn speedup(area: &Area<'_>, modes: &[Mode]) -> Result<()> {
-    let max_gamma = modes
-        .iter()
-        .flat_map(|m| m.runs.iter().map(|r| r.gamma))
-        .max()
-        .unwrap_or(1) as f64;
+    let g = max_gamma(modes) as f64;
     let top = modes
         .iter()
         .flat_map(|m| m.runs.iter().map(|r| r.speedup))
         .fold(2.0f64, f64::max)
         * 1.05;
-    let mut chart = ChartBuilder::on(area)
-        .build_cartesian_2d(0f64..max_gamma + 1.0, 0f64..top)
-        .map_err(err)?;
-    axes(&mut chart, (0.0, max_gamma + 1.0), 0.0)?;
+    let mut chart = chart(
+        area,
+        "Speedup over plain decoding",
+        (0.0..g + 1.0, 0.0..top),
+        ("γ (tokens drafted per round)", "speedup (×)"),
+    )?;
     chart
         .draw_series(LineSeries::new(
-            [(0.0, 1.0), (max_gamma + 1.0, 1.0)],
+            [(0.0, 1.0), (g + 1.0, 1.0)],
             RGBColor(160, 160, 160).stroke_width(2),
         ))
         .map_err(err)?;
@@ -87,31 +153,25 @@ fn speedup(area: &Area<'_>, modes: &[Mode]) -> Result<()> {
         let pts: Vec<(f64, f64)> = m.runs.iter().map(|r| (r.gamma as f64, r.speedup)).collect();
         chart
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(3)))
-            .map_err(err)?;
+            .map_err(err)?
+            .label(mode_name(m))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
+            });
         chart
             .draw_series(pts.iter().map(|p| Circle::new(*p, 5, color.filled())))
             .map_err(err)?;
     }
-    Ok(())
+    legend(&mut chart)
 }
 
-type Chart<'a, 'b> = ChartContext<
-    'a,
-    BitMapBackend<'b>,
-    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
->;
-
-/// The x axis at `y0` and the y axis at the left end, as plain black lines.
-fn axes(chart: &mut Chart<'_, '_>, (x0, x1): (f64, f64), y0: f64) -> Result<()> {
-    let top = chart.y_range().end;
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> Result<()> {
     chart
-        .draw_series(LineSeries::new([(x0, y0), (x1, y0)], BLACK.stroke_width(2)))
-        .map_err(err)?;
-    chart
-        .draw_series(LineSeries::new(
-            [(x0, y0), (x0, top)],
-            BLACK.stroke_width(2),
-        ))
-        .map_err(err)?;
-    Ok(())
+        .configure_series_labels()
+        .label_font((FONT, 14))
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(err)
 }
