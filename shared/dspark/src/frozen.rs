@@ -176,71 +176,56 @@ pub(crate) struct KeyValues {
 }
 
 /// Multi-head attention of the rows of `q [γ, d]` over the keys of `parts` in order,
-/// softmax over all of them, scaled by `hd^-½`. Head-major, so each key and value row is
-/// read once for all the block's queries.
+/// softmax over all of them, scaled by `hd^-½`; compiled for AVX2 where present.
 fn attend(q: &[f32], parts: [&KeyValues; 2], d: usize, heads: usize) -> Vec<f32> {
-    let mut out = vec![0f32; q.len()];
-    for h in 0..heads {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 was just detected.
-            unsafe { attend_head_avx2(q, parts, d, heads, h, &mut out) };
-            continue;
-        }
-        attend_head(q, parts, d, heads, h, &mut out);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was just detected.
+        return unsafe { attend_avx2(q, parts, d, heads) };
     }
-    out
+    attend_body(q, parts, d, heads)
 }
 
-/// [`attend_head`] compiled with AVX2.
+/// [`attend_body`] compiled with AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn attend_head_avx2(
-    q: &[f32],
-    parts: [&KeyValues; 2],
-    d: usize,
-    heads: usize,
-    h: usize,
-    out: &mut [f32],
-) {
-    attend_head(q, parts, d, heads, h, out);
+fn attend_avx2(q: &[f32], parts: [&KeyValues; 2], d: usize, heads: usize) -> Vec<f32> {
+    attend_body(q, parts, d, heads)
 }
 
-/// Head `h` of [`attend`], written into its columns of `out`.
+/// [`attend`], head-major, so each key and value row is read once for all the block's
+/// queries.
 #[inline(always)]
-fn attend_head(
-    q: &[f32],
-    parts: [&KeyValues; 2],
-    d: usize,
-    heads: usize,
-    h: usize,
-    out: &mut [f32],
-) {
+fn attend_body(q: &[f32], parts: [&KeyValues; 2], d: usize, heads: usize) -> Vec<f32> {
     let hd = d / heads;
-    let cols = h * hd..(h + 1) * hd;
     let scale = (hd as f32).powf(-0.5);
     let keys: usize = parts.iter().map(|p| p.k.len() / d).sum();
     let rows = q.len() / d;
+    let mut out = vec![0f32; q.len()];
     let mut scores = vec![0f32; rows * keys];
-    let key_rows = parts.iter().flat_map(|p| p.k.chunks_exact(d));
-    for (j, k) in key_rows.enumerate() {
-        let kh = &k[cols.clone()];
-        for (i, qi) in q.chunks_exact(d).enumerate() {
-            scores[i * keys + j] = dot(&qi[cols.clone()], kh) * scale;
+    for h in 0..heads {
+        let cols = h * hd..(h + 1) * hd;
+        let key_rows = parts.iter().flat_map(|p| p.k.chunks_exact(d));
+        for (j, k) in key_rows.enumerate() {
+            let kh = &k[cols.clone()];
+            for (i, qi) in q.chunks_exact(d).enumerate() {
+                scores[i * keys + j] = dot(&qi[cols.clone()], kh) * scale;
+            }
+        }
+        scores.chunks_exact_mut(keys).for_each(softmax);
+        let value_rows = parts.iter().flat_map(|p| p.v.chunks_exact(d));
+        for (j, v) in value_rows.enumerate() {
+            let vh = &v[cols.clone()];
+            for (i, row) in out.chunks_exact_mut(d).enumerate() {
+                let p = scores[i * keys + j];
+                row[cols.clone()]
+                    .iter_mut()
+                    .zip(vh)
+                    .for_each(|(o, x)| *o += p * x);
+            }
         }
     }
-    scores.chunks_exact_mut(keys).for_each(softmax);
-    let value_rows = parts.iter().flat_map(|p| p.v.chunks_exact(d));
-    for (j, v) in value_rows.enumerate() {
-        let vh = &v[cols.clone()];
-        for (i, row) in out.chunks_exact_mut(d).enumerate() {
-            let p = scores[i * keys + j];
-            row[cols.clone()]
-                .iter_mut()
-                .zip(vh)
-                .for_each(|(o, x)| *o += p * x);
-        }
-    }
+    out
 }
 
 fn add(a: &[f32], b: &[f32]) -> Vec<f32> {
