@@ -91,7 +91,7 @@ fn max_gamma(modes: &[Mode]) -> usize {
 
 fn mode_name(m: &Mode) -> String {
     match m.temperature {
-        t if t == 0.0 => "greedy".into(),
+        0.0 => "greedy".into(),
         t => format!("T = {t}"),
     }
 }
@@ -108,22 +108,14 @@ fn acceptance(area: &Area<'_>, modes: &[Mode]) -> Result<()> {
         for (ri, r) in m.runs.iter().enumerate() {
             let base = Palette99::pick(ri).to_rgba();
             let color = if mi == 0 { base } else { base.mix(0.4) };
-            let pts: Vec<(f64, f64)> = r
+            let pts = r
                 .acceptance_per_position
                 .iter()
                 .enumerate()
                 .map(|(k, a)| ((k + 1) as f64, *a))
                 .collect();
-            chart
-                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(3)))
-                .map_err(err)?
-                .label(format!("γ = {}, {}", r.gamma, mode_name(m)))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
-                });
-            chart
-                .draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
-                .map_err(err)?;
+            let label = format!("γ = {}, {}", r.gamma, mode_name(m));
+            series(&mut chart, pts, (color, 4), label)?;
         }
     }
     legend(&mut chart)
@@ -150,19 +142,28 @@ fn speedup(area: &Area<'_>, modes: &[Mode]) -> Result<()> {
         .map_err(err)?;
     for (mi, m) in modes.iter().enumerate() {
         let color = if mi == 0 { RED } else { BLUE };
-        let pts: Vec<(f64, f64)> = m.runs.iter().map(|r| (r.gamma as f64, r.speedup)).collect();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(3)))
-            .map_err(err)?
-            .label(mode_name(m))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
-            });
-        chart
-            .draw_series(pts.iter().map(|p| Circle::new(*p, 5, color.filled())))
-            .map_err(err)?;
+        let pts = m.runs.iter().map(|r| (r.gamma as f64, r.speedup)).collect();
+        series(&mut chart, pts, (color.to_rgba(), 5), mode_name(m))?;
     }
     legend(&mut chart)
+}
+
+/// A labelled line through `pts` with a dot of `radius` at each point.
+fn series<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    pts: Vec<(f64, f64)>,
+    (color, radius): (RGBAColor, u32),
+    label: String,
+) -> Result<()> {
+    chart
+        .draw_series(LineSeries::new(pts.clone(), color.stroke_width(3)))
+        .map_err(err)?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3)));
+    chart
+        .draw_series(pts.iter().map(|p| Circle::new(*p, radius, color.filled())))
+        .map_err(err)?;
+    Ok(())
 }
 
 fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> Result<()> {
