@@ -278,6 +278,21 @@ mod tests {
         GammaPolicy::new(GammaPolicyConfig::new(max)).expect("valid")
     }
 
+    /// A policy after `rounds` rounds of its own choosing in which every draft is fully
+    /// accepted (`accept_all`) or fully rejected; a rejected drafter is made to draft at least
+    /// one token each round, so that it keeps being judged.
+    fn trained(max: usize, rounds: usize, accept_all: bool) -> GammaPolicy {
+        let mut p = policy(max);
+        for _ in 0..rounds {
+            let g = match accept_all {
+                true => p.choose(),
+                false => p.choose().max(1),
+            };
+            p.record(g, if accept_all { g } else { 0 }, 0.002, 0.03);
+        }
+        p
+    }
+
     #[test]
     fn expected_tokens_follow_the_acceptance_rates() {
         let p = policy(4);
@@ -288,11 +303,7 @@ mod tests {
 
     #[test]
     fn a_drafter_that_is_never_accepted_turns_speculation_off_then_is_probed() {
-        let mut p = policy(8);
-        for _ in 0..30 {
-            let g = p.choose().max(1);
-            p.record(g, 0, 0.002, 0.03);
-        }
+        let mut p = trained(8, 30, false);
         assert_eq!(p.choose(), 0);
         for _ in 0..16 {
             assert_eq!(p.choose(), 0);
@@ -305,12 +316,7 @@ mod tests {
 
     #[test]
     fn a_drafter_that_is_always_accepted_drafts_the_longest_block() {
-        let mut p = policy(8);
-        for _ in 0..40 {
-            let g = p.choose();
-            p.record(g, g, 0.002, 0.03);
-        }
-        assert_eq!(p.choose(), 8);
+        assert_eq!(trained(8, 40, true).choose(), 8);
     }
 
     #[test]
@@ -342,13 +348,8 @@ mod tests {
 
     #[test]
     fn a_new_generation_starts_from_what_the_last_one_learnt() {
-        let mut first = policy(8);
-        for _ in 0..30 {
-            let g = first.choose().max(1);
-            first.record(g, 0, 0.002, 0.03);
-        }
         let mut memory = Learnt::default();
-        memory.absorb(first.learnt());
+        memory.absorb(trained(8, 30, false).learnt());
         let next = GammaPolicy::with_learnt(GammaPolicyConfig::new(8), &memory).expect("valid");
         assert!(policy(8).choose() > 0, "without memory a generation drafts");
         assert_eq!(
@@ -358,15 +359,7 @@ mod tests {
         );
         assert!(next.acceptance(1) < 0.3);
         assert!(memory.drafted[0] <= CARRIED_ROUNDS + 1e-9);
-        let good = {
-            let mut p = policy(8);
-            for _ in 0..40 {
-                let g = p.choose();
-                p.record(g, g, 0.002, 0.03);
-            }
-            p.learnt()
-        };
-        memory.absorb(good);
+        memory.absorb(trained(8, 40, true).learnt());
         let after = GammaPolicy::with_learnt(GammaPolicyConfig::new(4), &memory).expect("valid");
         assert!(after.acceptance(1) > 0.6, "newer evidence outweighs older");
         assert!(after.choose() > 0);
