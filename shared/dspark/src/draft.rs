@@ -8,9 +8,9 @@ use tandem_gemma::{RestrictedHead, TargetHead};
 
 use crate::config::DraftVocab;
 use crate::error::{DsparkError, Result};
-use tandem_kernels::dot;
+use tandem_kernels::{dot, rms_norm};
 
-use crate::frozen::{rms_norm, sigmoid, Frozen, KeyValues};
+use crate::frozen::{sigmoid, Frozen, KeyValues};
 use crate::model::Dspark;
 
 /// A drafter frozen for inference against one target: its parameters copied out of their

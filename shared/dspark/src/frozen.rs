@@ -8,7 +8,7 @@
 //! 4.8 ms here.
 
 use candle_core::Var;
-use tandem_kernels::{dot, QMatrix, QType};
+use tandem_kernels::{dot, gelu_tanh_mul, rms_norm, QMatrix, QType};
 
 use crate::error::Result;
 use crate::params::{LayerParams, Params};
@@ -124,7 +124,7 @@ impl FrozenLayer {
         let n2 = rms_norm(&h, &self.ff_norm, eps);
         let mut act = self.gate.apply(&n2, gamma)?;
         let up = self.up.apply(&n2, gamma)?;
-        act.iter_mut().zip(&up).for_each(|(g, u)| *g = gelu(*g) * u);
+        gelu_tanh_mul(&mut act, &up);
         let down = self.down.apply(&act, gamma)?;
         h.iter_mut().zip(&down).for_each(|(x, y)| *x += y);
         Ok(h)
@@ -242,23 +242,6 @@ fn softmax(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v /= sum);
 }
 
-/// Row-wise `x / rms(x) · w` over rows of `w.len()`.
-pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    let mut out = x.to_vec();
-    for row in out.chunks_exact_mut(w.len()) {
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / w.len() as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
-        row.iter_mut().zip(w).for_each(|(v, g)| *v *= inv * g);
-    }
-    out
-}
-
-/// GELU, tanh approximation (candle's `gelu`).
-fn gelu(x: f32) -> f32 {
-    const C: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
-}
-
 /// The logistic function.
 pub(crate) fn sigmoid(z: f32) -> f32 {
     1.0 / (1.0 + (-z).exp())
@@ -274,23 +257,5 @@ mod tests {
         softmax(&mut x);
         assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert!(x[1] == x[3] && x[1] > x[0] && x[0] > x[2]);
-    }
-
-    #[test]
-    fn rms_norm_gives_unit_rms_rows_and_keeps_zeros() {
-        let x = [3.0, 4.0, 0.0, 0.0, -1.0, 1.0];
-        let y = rms_norm(&x, &[1.0, 1.0], 1e-6);
-        assert_eq!(&y[2..4], &[0.0, 0.0]);
-        for row in [&y[..2], &y[4..]] {
-            let ms = row.iter().map(|v| v * v).sum::<f32>() / 2.0;
-            assert!((ms - 1.0).abs() < 1e-5, "{ms}");
-        }
-    }
-
-    #[test]
-    fn gelu_matches_known_values() {
-        assert_eq!(gelu(0.0), 0.0);
-        assert!((gelu(1.0) - 0.841_192).abs() < 1e-5);
-        assert!((gelu(-1.0) + 0.158_808).abs() < 1e-5);
     }
 }
