@@ -33,7 +33,8 @@ pub fn models_dir() -> PathBuf {
         })
 }
 
-fn existing(rel: &str) -> PathBuf {
+/// The path of `rel` under the models folder, which must exist.
+pub fn existing(rel: &str) -> PathBuf {
     let p = models_dir().join(rel);
     assert!(
         p.is_file(),

@@ -10,7 +10,8 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde::Serialize;
-use tandem_gemma::{ForwardOptions, Gemma3, LogitsMode};
+use tandem_core::SnapshotSpec;
+use tandem_gemma::LogitsMode;
 
 use tandem_engine::{Engine, GenerationRequest, Target, Update};
 
@@ -77,7 +78,8 @@ struct BlockCost {
 
 #[derive(Serialize)]
 struct TargetReport {
-    precision: String,
+    /// Where and how the target ran (`cpu exact`, `cuda:0 bf16`, ...).
+    backend: String,
     threads: usize,
     prompt_tokens: usize,
     prefill_tok_s: f64,
@@ -105,25 +107,21 @@ fn target(a: TargetArgs) -> Result<()> {
     if a.repeats == 0 || a.blocks.contains(&0) || a.prompt_tokens == 0 || a.decode_tokens < 2 {
         bail!("repeats, block sizes and prompt tokens must be >= 1 and decode tokens >= 2");
     }
-    let (model, tok) = a.models.load()?;
-    let model = Arc::new(model);
-    let engine = Engine::new(Arc::clone(&model) as Arc<dyn Target>, Arc::new(tok));
+    let (model, tok) = a.models.load_target()?;
+    let engine = Engine::new(Arc::clone(&model), Arc::new(tok));
     let tok = engine.tokenizer();
     let need = a
         .prompt_tokens
         .max(a.context + a.blocks.iter().max().copied().unwrap_or(1));
     let mut ids = tok.encode(&PASSAGE.repeat(need / 40 + 2), true)?;
     ids.truncate(need);
-    let last = ForwardOptions {
-        logits: LogitsMode::Last,
-        taps: vec![],
-    };
+    let no_taps = SnapshotSpec::default();
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
     for _ in 0..a.repeats {
-        let mut cache = model.new_cache(a.prompt_tokens);
+        let mut seq = model.start(a.prompt_tokens);
         let t = Instant::now();
-        model.forward(&ids[..a.prompt_tokens], 0, &mut cache, &last)?;
+        seq.forward(&ids[..a.prompt_tokens], 0, LogitsMode::Last, &no_taps)?;
         prefill.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
         let req = GenerationRequest {
             prompt: ids[..a.prompt_tokens.min(32)].to_vec(),
@@ -136,9 +134,9 @@ fn target(a: TargetArgs) -> Result<()> {
     }
     let decode_tok_s = median(decode);
     let step_ms = 1000.0 / decode_tok_s;
-    let blocks = block_costs(&model, &ids, &a, step_ms)?;
+    let blocks = block_costs(model.as_ref(), &ids, &a, step_ms)?;
     let report = TargetReport {
-        precision: format!("{:?}", model.precision()).to_lowercase(),
+        backend: a.models.backend(),
         threads: available_threads(),
         prompt_tokens: a.prompt_tokens,
         prefill_tok_s: median(prefill),
@@ -160,27 +158,24 @@ fn target(a: TargetArgs) -> Result<()> {
 }
 
 fn block_costs(
-    model: &Gemma3,
+    model: &dyn Target,
     ids: &[u32],
     a: &TargetArgs,
     step_ms: f64,
 ) -> Result<Vec<BlockCost>> {
-    let all = ForwardOptions::default();
-    let none = ForwardOptions {
-        logits: LogitsMode::None,
-        taps: vec![],
-    };
+    let no_taps = SnapshotSpec::default();
     let max_block = a.blocks.iter().max().copied().unwrap_or(1);
-    let mut cache = model.new_cache(a.context + max_block);
-    model.forward(&ids[..a.context], 0, &mut cache, &none)?;
+    let mut seq = model.start(a.context + max_block);
+    seq.forward(&ids[..a.context], 0, LogitsMode::None, &no_taps)?;
     let mut out = Vec::new();
     for &b in &a.blocks {
         let mut times = Vec::new();
         for _ in 0..a.repeats.max(5) {
+            let block = &ids[a.context..a.context + b];
             let t = Instant::now();
-            model.forward(&ids[a.context..a.context + b], a.context, &mut cache, &all)?;
+            seq.forward(block, a.context, LogitsMode::All, &no_taps)?;
             times.push(t.elapsed().as_secs_f64() * 1000.0);
-            cache.truncate(a.context)?;
+            seq.truncate(a.context)?;
         }
         let ms = median(times);
         out.push(BlockCost {
@@ -198,7 +193,7 @@ fn available_threads() -> usize {
 }
 
 fn print_report(r: &TargetReport) {
-    println!("precision            {}", r.precision);
+    println!("backend              {}", r.backend);
     println!("threads              {}", r.threads);
     println!(
         "prefill ({} tok)     {:.1} tok/s",

@@ -6,9 +6,10 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use std::sync::Arc;
 
+use candle_core::{DType, Device};
 use tandem_engine::{Gemma4Target, Target};
 use tandem_gemma::gemma4::Gemma4;
-use tandem_gemma::{Gemma3, LoadOptions, Precision, TargetHead};
+use tandem_gemma::{DeviceGemma3, DeviceOptions, Gemma3, LoadOptions, Precision, TargetHead};
 use tandem_tokenizer::GemmaTokenizer;
 
 /// File name of the default target inside the models folder.
@@ -35,6 +36,68 @@ pub struct ModelArgs {
     /// or `int8` (llama.cpp-style 8-bit activations).
     #[arg(long, env = "TANDEM_PRECISION", value_enum, default_value_t = PrecisionArg::Exact)]
     pub precision: PrecisionArg,
+    /// Where a Gemma 3 target runs: `cpu` (tandem's batch-invariant kernels) or `cuda` /
+    /// `cuda:N` (candle's CUDA backend, in a build with `--features cuda`).
+    #[arg(long, env = "TANDEM_DEVICE", default_value = "cpu")]
+    pub device: DeviceArg,
+    /// Weights and activations of a `cuda` target.
+    #[arg(long, env = "TANDEM_DTYPE", value_enum, default_value_t = DtypeArg::F32)]
+    pub dtype: DtypeArg,
+}
+
+/// `--device` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceArg {
+    /// The CPU kernels.
+    Cpu,
+    /// CUDA GPU with this ordinal.
+    Cuda(usize),
+}
+
+impl std::str::FromStr for DeviceArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Self::Cuda)
+                .ok_or_else(|| format!("unknown device {s:?}: expected cpu, cuda or cuda:N")),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Cpu => write!(f, "cpu"),
+            Self::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// `--dtype` values.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DtypeArg {
+    /// 32-bit floats.
+    F32,
+    /// bfloat16.
+    Bf16,
+    /// IEEE half precision.
+    F16,
+}
+
+impl From<DtypeArg> for DType {
+    fn from(d: DtypeArg) -> Self {
+        match d {
+            DtypeArg::F32 => DType::F32,
+            DtypeArg::Bf16 => DType::BF16,
+            DtypeArg::F16 => DType::F16,
+        }
+    }
 }
 
 /// `--precision` values.
@@ -95,18 +158,48 @@ impl ModelArgs {
     /// `gemma4*`, Gemma 3 otherwise) and its tokenizer.
     pub fn load_target(&self) -> Result<(Arc<dyn Target>, GemmaTokenizer)> {
         let path = self.model_path()?;
-        if !(path.is_dir() && model_type(&path)?.is_some_and(|t| t.starts_with("gemma4"))) {
-            let (model, tok) = self.load()?;
-            return Ok((Arc::new(model), tok));
-        }
+        let gemma4 = path.is_dir() && model_type(&path)?.is_some_and(|t| t.starts_with("gemma4"));
         let tok_path = self.resolve(&self.tokenizer, DEFAULT_TOKENIZER, "tokenizer")?;
-        let model = Gemma4::load(&path).with_context(|| format!("loading {}", display(&path)))?;
-        let target = Gemma4Target::new(Arc::new(model))?;
-        Ok((Arc::new(target), GemmaTokenizer::from_file(&tok_path)?))
+        let target: Arc<dyn Target> = match (self.device, gemma4) {
+            (DeviceArg::Cpu, false) => return self.load().map(|(m, t)| (Arc::new(m) as _, t)),
+            (DeviceArg::Cpu, true) => {
+                let model =
+                    Gemma4::load(&path).with_context(|| format!("loading {}", display(&path)))?;
+                Arc::new(Gemma4Target::new(Arc::new(model))?)
+            }
+            (DeviceArg::Cuda(_), true) => bail!("Gemma 4 targets run on the CPU only"),
+            (DeviceArg::Cuda(n), false) => {
+                let device = Device::new_cuda(n).with_context(|| {
+                    format!("opening CUDA device {n} (is this a build with --features cuda?)")
+                })?;
+                let opts = DeviceOptions {
+                    device,
+                    dtype: self.dtype.into(),
+                };
+                let model = DeviceGemma3::load(&path, opts)
+                    .with_context(|| format!("loading {} onto cuda:{n}", display(&path)))?;
+                Arc::new(model)
+            }
+        };
+        Ok((target, GemmaTokenizer::from_file(&tok_path)?))
+    }
+
+    /// How the target runs, for reports: `cpu exact`, `cuda:0 f32`, ...
+    pub fn backend(&self) -> String {
+        match self.device {
+            DeviceArg::Cpu => format!("cpu {:?}", self.precision).to_lowercase(),
+            DeviceArg::Cuda(_) => format!("{} {:?}", self.device, self.dtype).to_lowercase(),
+        }
     }
 
     /// Loads the Gemma 3 target model and its tokenizer.
     pub fn load(&self) -> Result<(Gemma3, GemmaTokenizer)> {
+        if self.device != DeviceArg::Cpu {
+            bail!(
+                "--device {} is not supported here: this command runs the target on the CPU",
+                self.device
+            );
+        }
         let model_path = self.model_path()?;
         let tok_path = self.resolve(&self.tokenizer, DEFAULT_TOKENIZER, "tokenizer")?;
         let opts = LoadOptions {

@@ -14,8 +14,7 @@ use tandem_kernels::QMatrix;
 
 use crate::config::GemmaConfig;
 use crate::error::{GemmaError, Result};
-use crate::gguf_config::config_from_gguf;
-use crate::loader::{GgufSource, HfSource, TensorSource};
+use crate::loader::{self, TensorSource};
 use crate::names::Role;
 use crate::ops::softcap;
 
@@ -51,14 +50,8 @@ impl TargetHead {
     /// Reads the config and only the embedding (and `lm_head` when untied) of a `.gguf`
     /// file or an HF directory.
     pub fn load(path: &Path) -> Result<Self> {
-        if path.is_dir() {
-            let (src, cfg) = HfSource::open(path)?;
-            Self::read(cfg, &src)
-        } else {
-            let src = GgufSource::open(path)?;
-            let cfg = config_from_gguf(&src)?;
-            Self::read(cfg, &src)
-        }
+        let (src, cfg) = loader::open(path)?;
+        Self::read(cfg, src.as_ref())
     }
 
     fn read(cfg: GemmaConfig, src: &dyn TensorSource) -> Result<Self> {

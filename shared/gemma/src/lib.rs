@@ -3,6 +3,7 @@
 //! hidden-state taps, and a caller-owned KV cache that can be rolled back.
 //!
 //! Gemma 4 and its assistant drafter live in [`gemma4`] (HF safetensors, f32).
+//! [`DeviceGemma3`] runs Gemma 3 on candle tensors instead of the CPU kernels, for GPUs.
 //!
 //! The crate knows nothing of gRPC or sessions; the verifier owns caches and calls
 //! [`Gemma3::forward`].
@@ -10,6 +11,7 @@
 mod attention;
 mod config;
 mod convert;
+mod device;
 mod error;
 pub mod gemma4;
 mod gguf_config;
@@ -22,6 +24,7 @@ mod ops;
 
 pub use config::{GemmaConfig, RopeScaling};
 pub use convert::{export_hf, hf_config_json};
+pub use device::{DeviceCache, DeviceGemma3, DeviceOptions};
 pub use error::{GemmaError, Result};
 pub use head::{RestrictedHead, TargetHead, TargetIdentity};
 pub use kv_cache::KvCache;

@@ -14,6 +14,7 @@ use tandem_kernels::{QMatrix, QType};
 
 use crate::config::GemmaConfig;
 use crate::error::{candle_message, GemmaError, Result};
+use crate::gguf_config::config_from_gguf;
 use crate::names::Role;
 
 /// Where a model's tensors come from.
@@ -22,6 +23,18 @@ pub(crate) trait TensorSource {
     fn matrix(&self, role: Role, n: usize, k: usize) -> Result<QMatrix>;
     /// A vector of `len` floats; for RMSNorm weights, the multiplier `1 + w`.
     fn vector(&self, role: Role, len: usize) -> Result<Vec<f32>>;
+}
+
+/// Opens a `.gguf` file or an HF directory and reads its config.
+pub(crate) fn open(path: &Path) -> Result<(Box<dyn TensorSource>, GemmaConfig)> {
+    if path.is_dir() {
+        let (src, cfg) = HfSource::open(path)?;
+        Ok((Box::new(src), cfg))
+    } else {
+        let src = GgufSource::open(path)?;
+        let cfg = config_from_gguf(&src)?;
+        Ok((Box::new(src), cfg))
+    }
 }
 
 fn check_shape(role_name: &str, actual: &[usize], expected: &[usize]) -> Result<()> {

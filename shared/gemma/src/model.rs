@@ -15,10 +15,9 @@ use tandem_kernels::QMatrix;
 use crate::attention::{attend, AttnSpec};
 use crate::config::GemmaConfig;
 use crate::error::{GemmaError, Result};
-use crate::gguf_config::config_from_gguf;
 use crate::head::TargetHead;
 use crate::kv_cache::KvCache;
-use crate::loader::{GgufSource, HfSource, TensorSource};
+use crate::loader::{self, TensorSource};
 use crate::names::{LayerTensor, Role};
 use crate::ops::{gelu_tanh_mul, rms_norm, rms_norm_rows, softcap, Rope};
 
@@ -111,14 +110,8 @@ impl Gemma3 {
 
     /// Loads a `.gguf` file (quantized weights stay quantized) or an HF directory.
     pub fn load_with(path: &Path, opts: &LoadOptions) -> Result<Self> {
-        let mut model = if path.is_dir() {
-            let (src, cfg) = HfSource::open(path)?;
-            Self::build(cfg, &src)?
-        } else {
-            let src = GgufSource::open(path)?;
-            let cfg = config_from_gguf(&src)?;
-            Self::build(cfg, &src)?
-        };
+        let (src, cfg) = loader::open(path)?;
+        let mut model = Self::build(cfg, src.as_ref())?;
         model.precision = opts.precision;
         Ok(model)
     }

@@ -44,17 +44,21 @@ impl Rope {
         rope
     }
 
-    /// Rotates every `head_dim`-wide head of `row` for absolute position `pos`.
-    pub(crate) fn apply(&self, row: &mut [f32], pos: usize) {
-        let half = self.inv_freq.len();
-        let (cos, sin): (Vec<f32>, Vec<f32>) = self
-            .inv_freq
+    /// The cosines and sines of the `head_dim / 2` rotation angles at position `pos`.
+    pub(crate) fn cos_sin(&self, pos: usize) -> (Vec<f32>, Vec<f32>) {
+        self.inv_freq
             .iter()
             .map(|f| {
                 let angle = pos as f32 * f;
                 (angle.cos(), angle.sin())
             })
-            .unzip();
+            .unzip()
+    }
+
+    /// Rotates every `head_dim`-wide head of `row` for absolute position `pos`.
+    pub(crate) fn apply(&self, row: &mut [f32], pos: usize) {
+        let half = self.inv_freq.len();
+        let (cos, sin) = self.cos_sin(pos);
         for head in row.chunks_exact_mut(2 * half) {
             let (x1, x2) = head.split_at_mut(half);
             for i in 0..half {

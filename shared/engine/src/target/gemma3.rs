@@ -3,21 +3,16 @@
 
 use candle_core::Tensor;
 use tandem_core::{SnapshotPart, SnapshotSpec, SnapshotSupport};
-use tandem_gemma::{ForwardOptions, Gemma3, KvCache, LogitsMode, TargetHead, TargetIdentity};
+use tandem_gemma::{
+    ForwardOptions, Gemma3, GemmaConfig, KvCache, LogitsMode, TargetHead, TargetIdentity,
+};
 
 use super::{Target, TargetFacts, TargetSequence, TargetStep};
 use crate::error::{EngineError, Result};
 
 impl Target for Gemma3 {
     fn facts(&self) -> TargetFacts {
-        let cfg = self.config();
-        TargetFacts {
-            vocab_size: cfg.vocab_size,
-            num_layers: cfg.num_hidden_layers,
-            hidden_size: cfg.hidden_size,
-            max_context: cfg.max_position_embeddings,
-            kv_bytes_per_position: KvCache::bytes_per_position_for(cfg),
-        }
+        facts(self.config())
     }
 
     fn identity(&self) -> Result<TargetIdentity> {
@@ -25,12 +20,7 @@ impl Target for Gemma3 {
     }
 
     fn snapshot_support(&self) -> SnapshotSupport {
-        SnapshotSupport {
-            layers: self.config().num_hidden_layers,
-            hidden: self.config().hidden_size,
-            inner_taps: true,
-            donors: Vec::new(),
-        }
+        tap_support(self.config())
     }
 
     fn head(&self) -> Option<TargetHead> {
@@ -58,17 +48,7 @@ impl TargetSequence for Sequence<'_> {
         logits: LogitsMode,
         spec: &SnapshotSpec,
     ) -> Result<TargetStep> {
-        let taps = spec
-            .parts
-            .iter()
-            .map(|p| match p.part {
-                SnapshotPart::Tap(l) => Ok(l),
-                other => Err(EngineError::InvalidRequest(format!(
-                    "a Gemma 3 target cannot export {other}"
-                ))),
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let opts = ForwardOptions { logits, taps };
+        let opts = forward_options(logits, spec)?;
         let out = self.model.forward(tokens, pos, &mut self.cache, &opts)?;
         Ok(TargetStep {
             logits: out.logits,
@@ -89,8 +69,45 @@ impl TargetSequence for Sequence<'_> {
     }
 }
 
+/// The forward options that produce `logits` and the taps of `spec` (a Gemma 3 snapshot
+/// holds only taps).
+pub(super) fn forward_options(logits: LogitsMode, spec: &SnapshotSpec) -> Result<ForwardOptions> {
+    let taps = spec
+        .parts
+        .iter()
+        .map(|p| match p.part {
+            SnapshotPart::Tap(l) => Ok(l),
+            other => Err(EngineError::InvalidRequest(format!(
+                "a Gemma 3 target cannot export {other}"
+            ))),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ForwardOptions { logits, taps })
+}
+
+/// The snapshot support of a Gemma 3 of `cfg`: taps of any layer.
+pub(super) fn tap_support(cfg: &GemmaConfig) -> SnapshotSupport {
+    SnapshotSupport {
+        layers: cfg.num_hidden_layers,
+        hidden: cfg.hidden_size,
+        inner_taps: true,
+        donors: Vec::new(),
+    }
+}
+
+/// The facts of a Gemma 3 of `cfg`.
+pub(super) fn facts(cfg: &GemmaConfig) -> TargetFacts {
+    TargetFacts {
+        vocab_size: cfg.vocab_size,
+        num_layers: cfg.num_hidden_layers,
+        hidden_size: cfg.hidden_size,
+        max_context: cfg.max_position_embeddings,
+        kv_bytes_per_position: KvCache::bytes_per_position_for(cfg),
+    }
+}
+
 /// Interleaves `[rows, width]` taps into rows: row `r` is `[tap0[r]; tap1[r]; …]`.
-fn interleave(taps: &[Tensor], rows: usize) -> Result<Vec<f32>> {
+pub(super) fn interleave(taps: &[Tensor], rows: usize) -> Result<Vec<f32>> {
     let taps: Vec<Vec<f32>> = taps
         .iter()
         .map(|t| t.flatten_all()?.to_vec1::<f32>())

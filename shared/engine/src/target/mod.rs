@@ -1,9 +1,11 @@
 //! The engine's view of a target model: a narrow trait over what the round needs (a
 //! forward over a block with a rollback-able cache, returning logits rows and the snapshot
 //! rows a [`SnapshotSpec`] asks for; a few facts; the identity drafters are checked
-//! against), implemented for Gemma 3 ([`tandem_gemma::Gemma3`]) and Gemma 4 text
+//! against), implemented for Gemma 3 on the CPU kernels ([`tandem_gemma::Gemma3`]) or on a
+//! candle device ([`tandem_gemma::DeviceGemma3`]) and Gemma 4 text
 //! ([`tandem_gemma::gemma4::Gemma4`]).
 
+mod device;
 mod gemma3;
 mod gemma4;
 

@@ -1,0 +1,477 @@
+//! Gemma 3 on candle tensors, for accelerators: candle's CUDA backend (the `cuda` feature)
+//! or, for tests and comparisons, its CPU backend.
+//!
+//! The architecture and the weights are those of [`crate::Gemma3`] (Gemma Team, "Gemma 3
+//! Technical Report", 2025; reference: transformers' `Gemma3ForCausalLM`), read through
+//! the same loaders and dequantized once to a floating dtype on the device; q/k/v and
+//! gate/up are fused into one matrix each so that a layer is a handful of kernel launches.
+//! The KV cache ([`DeviceCache`]) is passed in by the caller and rolls back by length.
+//!
+//! Unlike the CPU kernels this path is not batch invariant: cuBLAS chooses its kernels by
+//! shape, so a position's logits in a block forward can differ in the last bits from
+//! one-token decoding. Speculation on a device is therefore lossless in distribution, but
+//! greedy output can part from plain decoding at near-ties.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::ops::{rms_norm, softmax_last_dim};
+use candle_nn::rotary_emb::rope_thd;
+
+use crate::config::GemmaConfig;
+use crate::error::{GemmaError, Result};
+use crate::head::TargetHead;
+use crate::loader::{self, TensorSource};
+use crate::model::{ForwardOptions, ForwardOutput, LogitsMode};
+use crate::names::{LayerTensor, Role};
+use crate::ops::Rope;
+
+/// Where and in which dtype [`DeviceGemma3`] runs.
+#[derive(Debug, Clone)]
+pub struct DeviceOptions {
+    /// The candle device (e.g. `Device::new_cuda(0)`).
+    pub device: Device,
+    /// Weights and activations (`F32`, `BF16` or `F16`); attention softmax and logits are
+    /// computed in f32 whatever this is.
+    pub dtype: DType,
+}
+
+struct Layer {
+    attn_norm: Tensor,
+    /// `[q_dim + 2 kv_dim, hidden]`: q, k and v stacked.
+    qkv: Tensor,
+    o: Tensor,
+    q_norm: Tensor,
+    k_norm: Tensor,
+    post_attn_norm: Tensor,
+    pre_ffn_norm: Tensor,
+    /// `[2 ffn, hidden]`: gate and up stacked.
+    gate_up: Tensor,
+    down: Tensor,
+    post_ffn_norm: Tensor,
+    sliding: bool,
+}
+
+/// A Gemma 3 text model on a candle device. Immutable and shareable across threads.
+pub struct DeviceGemma3 {
+    cfg: GemmaConfig,
+    head: TargetHead,
+    opts: DeviceOptions,
+    layers: Vec<Layer>,
+    final_norm: Tensor,
+    lm_head: Tensor,
+    rope_local: Rope,
+    rope_global: Rope,
+}
+
+/// The KV cache of one sequence on a device: per layer `[1, kv_heads, capacity, head_dim]`
+/// keys and values, of which the first [`DeviceCache::len`] positions are committed.
+pub struct DeviceCache {
+    /// Per layer (empty until the first forward).
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    len: usize,
+    capacity: usize,
+    max_len: usize,
+    /// `(layers, kv_heads, head_dim)`.
+    dims: (usize, usize, usize),
+    dtype: DType,
+    device: Device,
+}
+
+/// Positions a cache first allocates room for; it doubles from there.
+const FIRST_CAPACITY: usize = 256;
+
+impl DeviceCache {
+    /// Committed positions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position is committed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The most positions the cache may hold.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// Rolls back to the first `len` positions.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.len {
+            return Err(GemmaError::Request(format!(
+                "cannot truncate a cache of {} positions to {len}",
+                self.len
+            )));
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Makes room for `needed` positions, keeping the committed ones.
+    fn reserve(&mut self, needed: usize) -> Result<()> {
+        if needed <= self.capacity {
+            return Ok(());
+        }
+        let capacity = needed
+            .max(2 * self.capacity)
+            .max(FIRST_CAPACITY)
+            .min(self.max_len);
+        let (layers, heads, hd) = self.dims;
+        let zeros = || Tensor::zeros((1, heads, capacity, hd), self.dtype, &self.device);
+        if self.k.is_empty() {
+            self.k = (0..layers)
+                .map(|_| zeros())
+                .collect::<candle_core::Result<_>>()?;
+            self.v = (0..layers)
+                .map(|_| zeros())
+                .collect::<candle_core::Result<_>>()?;
+        } else {
+            for t in self.k.iter_mut().chain(self.v.iter_mut()) {
+                let grown = zeros()?;
+                if self.len > 0 {
+                    grown.slice_set(&t.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
+                }
+                *t = grown;
+            }
+        }
+        self.capacity = capacity;
+        Ok(())
+    }
+}
+
+impl DeviceGemma3 {
+    /// Loads a `.gguf` file or an HF directory onto `opts.device`, dequantizing every
+    /// weight to `opts.dtype`.
+    pub fn load(path: &Path, opts: DeviceOptions) -> Result<Self> {
+        if !matches!(opts.dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(GemmaError::Config(format!(
+                "a device model runs in f32, bf16 or f16, not {:?}",
+                opts.dtype
+            )));
+        }
+        let (src, cfg) = loader::open(path)?;
+        Self::build(cfg, src.as_ref(), opts)
+    }
+
+    fn build(cfg: GemmaConfig, src: &dyn TensorSource, opts: DeviceOptions) -> Result<Self> {
+        let put = |data: Vec<f32>, shape: (usize, usize)| -> Result<Tensor> {
+            let t = Tensor::from_vec(data, shape, &Device::Cpu)?.to_dtype(opts.dtype)?;
+            Ok(t.to_device(&opts.device)?)
+        };
+        let mat = |roles: &[Role]| -> Result<Tensor> {
+            let (mut data, mut rows, mut cols) = (Vec::new(), 0, 0);
+            for role in roles {
+                let shape = role.shape(&cfg);
+                let (n, k) = (shape[0], shape[1]);
+                data.extend(src.matrix(*role, n, k)?.dequantize());
+                (rows, cols) = (rows + n, k);
+            }
+            put(data, (rows, cols))
+        };
+        let vec = |role: Role| -> Result<Tensor> {
+            let len = role.shape(&cfg)[0];
+            Ok(put(src.vector(role, len)?, (1, len))?.squeeze(0)?)
+        };
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                use LayerTensor::*;
+                let at = |t| Role::Layer(i, t);
+                Ok(Layer {
+                    attn_norm: vec(at(AttnNorm))?,
+                    qkv: mat(&[at(Q), at(K), at(V)])?,
+                    o: mat(&[at(O)])?,
+                    q_norm: vec(at(QNorm))?,
+                    k_norm: vec(at(KNorm))?,
+                    post_attn_norm: vec(at(PostAttnNorm))?,
+                    pre_ffn_norm: vec(at(PreFfnNorm))?,
+                    gate_up: mat(&[at(Gate), at(Up)])?,
+                    down: mat(&[at(Down)])?,
+                    post_ffn_norm: vec(at(PostFfnNorm))?,
+                    sliding: cfg.is_sliding(i),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let embed =
+            std::sync::Arc::new(src.matrix(Role::Embed, cfg.vocab_size, cfg.hidden_size)?);
+        let lm_head = match cfg.tie_word_embeddings {
+            true => None,
+            false => Some(std::sync::Arc::new(src.matrix(
+                Role::LmHead,
+                cfg.vocab_size,
+                cfg.hidden_size,
+            )?)),
+        };
+        let head = TargetHead::new(cfg.clone(), embed, lm_head)?;
+        let lm_head = put(head.head().dequantize(), (cfg.vocab_size, cfg.hidden_size))?;
+        let hd = cfg.head_dim;
+        let factor = cfg.rope_scaling.as_ref().map_or(1.0, |s| s.factor);
+        Ok(Self {
+            final_norm: vec(Role::FinalNorm)?,
+            rope_local: Rope::new(hd, cfg.rope_local_base_freq, 1.0),
+            rope_global: Rope::new(hd, cfg.rope_theta, factor),
+            lm_head,
+            head,
+            layers,
+            cfg,
+            opts,
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &GemmaConfig {
+        &self.cfg
+    }
+
+    /// The input embedding and output head as CPU matrices (what a drafter scores through).
+    pub fn head(&self) -> TargetHead {
+        self.head.clone()
+    }
+
+    /// The device it runs on.
+    pub fn device(&self) -> &Device {
+        &self.opts.device
+    }
+
+    /// A fresh KV cache for one sequence of at most `max_len` positions (allocated as it
+    /// grows).
+    pub fn new_cache(&self, max_len: usize) -> DeviceCache {
+        let cfg = &self.cfg;
+        DeviceCache {
+            k: Vec::new(),
+            v: Vec::new(),
+            len: 0,
+            capacity: 0,
+            max_len: max_len.min(cfg.max_position_embeddings),
+            dims: (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim),
+            dtype: self.opts.dtype,
+            device: self.opts.device.clone(),
+        }
+    }
+
+    /// Runs `tokens` at positions `pos..pos+m`, appending their keys and values to `cache`
+    /// (which must hold exactly `pos` positions). Logits and taps come back as f32 CPU
+    /// tensors, as [`crate::Gemma3::forward`] returns them.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        pos: usize,
+        cache: &mut DeviceCache,
+        opts: &ForwardOptions,
+    ) -> Result<ForwardOutput> {
+        let m = tokens.len();
+        self.check(tokens, pos, cache, opts)?;
+        cache.reserve(pos + m)?;
+        let h = self.cfg.hidden_size;
+        let mut rows = vec![0f32; m * h];
+        for (row, t) in rows.chunks_exact_mut(h).zip(tokens) {
+            self.head.embed_into(*t, row)?;
+        }
+        let mut x = self.upload(rows, (m, h))?;
+        let ctx = Context::new(self, pos, m)?;
+        let mut taps: Vec<Option<Tensor>> = vec![None; opts.taps.len()];
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = self.layer(layer, &x, &ctx, cache, i)?;
+            for (slot, t) in taps.iter_mut().zip(&opts.taps) {
+                if *t == i {
+                    *slot = Some(x.clone());
+                }
+            }
+        }
+        cache.len = pos + m;
+        let normed = rms_norm(&x, &self.final_norm, self.cfg.rms_norm_eps as f32)?;
+        let logits = match opts.logits {
+            LogitsMode::All => Some(self.logits(&normed)?),
+            LogitsMode::Last => Some(self.logits(&normed.narrow(0, m - 1, 1)?)?),
+            LogitsMode::None => None,
+        };
+        let host = |t: &Tensor| t.to_dtype(DType::F32)?.to_device(&Device::Cpu);
+        let taps = taps
+            .iter()
+            .map(|t| host(t.as_ref().unwrap_or(&normed)))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(ForwardOutput {
+            logits,
+            taps,
+            last_hidden: host(&normed)?,
+        })
+    }
+
+    fn check(
+        &self,
+        tokens: &[u32],
+        pos: usize,
+        cache: &DeviceCache,
+        opts: &ForwardOptions,
+    ) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(GemmaError::Request("empty block".into()));
+        }
+        if pos != cache.len {
+            return Err(GemmaError::Request(format!(
+                "block starts at position {pos} but the cache holds {}",
+                cache.len
+            )));
+        }
+        if pos + tokens.len() > cache.max_len {
+            return Err(GemmaError::ContextFull {
+                needed: pos + tokens.len(),
+                capacity: cache.max_len,
+            });
+        }
+        match opts.taps.iter().find(|t| **t > self.cfg.num_hidden_layers) {
+            Some(t) => Err(GemmaError::Request(format!(
+                "tap {t} is out of range (the model has {} layers)",
+                self.cfg.num_hidden_layers
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn upload(&self, data: Vec<f32>, shape: (usize, usize)) -> Result<Tensor> {
+        let t = Tensor::from_vec(data, shape, &Device::Cpu)?.to_dtype(self.opts.dtype)?;
+        Ok(t.to_device(&self.opts.device)?)
+    }
+
+    /// `[rows, vocab]` f32 CPU logits of final-norm rows.
+    fn logits(&self, normed: &Tensor) -> Result<Tensor> {
+        let mut logits = normed.matmul(&self.lm_head.t()?)?.to_dtype(DType::F32)?;
+        if let Some(cap) = self.cfg.final_logit_softcapping {
+            logits = ((logits / cap)?.tanh()? * cap)?;
+        }
+        Ok(logits.to_device(&Device::Cpu)?)
+    }
+
+    fn layer(
+        &self,
+        l: &Layer,
+        x: &Tensor,
+        ctx: &Context,
+        cache: &mut DeviceCache,
+        idx: usize,
+    ) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let eps = cfg.rms_norm_eps as f32;
+        let (m, nh, nkv, hd) = (
+            ctx.m,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let qkv = rms_norm(x, &l.attn_norm, eps)?.matmul(&l.qkv.t()?)?;
+        let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
+        let (cos, sin) = if l.sliding { &ctx.local } else { &ctx.global };
+        let q = qkv.narrow(1, 0, q_dim)?.reshape((1, m, nh, hd))?;
+        let q = rope_thd(&rms_norm(&q, &l.q_norm, eps)?, cos, sin)?;
+        let k = qkv.narrow(1, q_dim, kv_dim)?.reshape((1, m, nkv, hd))?;
+        let k = rope_thd(&rms_norm(&k, &l.k_norm, eps)?, cos, sin)?;
+        let v = qkv
+            .narrow(1, q_dim + kv_dim, kv_dim)?
+            .reshape((1, m, nkv, hd))?;
+        let pos = ctx.pos;
+        cache.k[idx].slice_set(&k.transpose(1, 2)?.contiguous()?, 2, pos)?;
+        cache.v[idx].slice_set(&v.transpose(1, 2)?.contiguous()?, 2, pos)?;
+        let keys = cache.k[idx].narrow(2, 0, pos + m)?.contiguous()?;
+        let values = cache.v[idx].narrow(2, 0, pos + m)?.contiguous()?;
+        let mask = if l.sliding {
+            &ctx.local_mask
+        } else {
+            &ctx.global_mask
+        };
+        let attn = self.attend(&q.transpose(1, 2)?.contiguous()?, &keys, &values, mask)?;
+        let o = rms_norm(&attn.matmul(&l.o.t()?)?, &l.post_attn_norm, eps)?;
+        let x = (x + o)?;
+
+        let gate_up = rms_norm(&x, &l.pre_ffn_norm, eps)?.matmul(&l.gate_up.t()?)?;
+        let f = cfg.intermediate_size;
+        let act = (gate_up.narrow(1, 0, f)?.gelu()? * gate_up.narrow(1, f, f)?)?;
+        let down = rms_norm(&act.matmul(&l.down.t()?)?, &l.post_ffn_norm, eps)?;
+        Ok((x + down)?)
+    }
+
+    /// Grouped-query attention of `q` (`[1, heads, m, hd]`) over `keys`/`values`
+    /// (`[1, kv_heads, len, hd]`); returns `[m, heads * hd]`.
+    fn attend(
+        &self,
+        q: &Tensor,
+        keys: &Tensor,
+        values: &Tensor,
+        mask: &Option<Tensor>,
+    ) -> Result<Tensor> {
+        let (_, nh, m, hd) = q.dims4()?;
+        let nkv = keys.dim(1)?;
+        // The query heads sharing a key head are consecutive: stack them as rows.
+        let q = q.reshape((1, nkv, nh / nkv * m, hd))?;
+        let scale = self.cfg.query_pre_attn_scalar.powf(-0.5);
+        let mut scores = (q.matmul(&keys.t()?)?.to_dtype(DType::F32)? * scale)?;
+        if let Some(cap) = self.cfg.attn_logit_softcapping {
+            scores = ((scores / cap)?.tanh()? * cap)?;
+        }
+        if let Some(mask) = mask {
+            scores = scores.broadcast_add(mask)?;
+        }
+        let p = softmax_last_dim(&scores)?.to_dtype(self.opts.dtype)?;
+        let out = p.matmul(values)?.reshape((1, nh, m, hd))?;
+        Ok(out.transpose(1, 2)?.reshape((m, nh * hd))?)
+    }
+}
+
+/// What every layer of one forward shares: rotation tables and attention masks for the
+/// block's positions.
+struct Context {
+    pos: usize,
+    m: usize,
+    local: (Tensor, Tensor),
+    global: (Tensor, Tensor),
+    /// `[heads / kv_heads * m, pos + m]` additive masks (`None`: every key visible).
+    local_mask: Option<Tensor>,
+    global_mask: Option<Tensor>,
+}
+
+impl Context {
+    fn new(model: &DeviceGemma3, pos: usize, m: usize) -> Result<Self> {
+        let tables = |rope: &Rope| -> Result<(Tensor, Tensor)> {
+            let (mut cos, mut sin) = (Vec::new(), Vec::new());
+            for p in pos..pos + m {
+                let (c, s) = rope.cos_sin(p);
+                cos.extend(c);
+                sin.extend(s);
+            }
+            let half = model.cfg.head_dim / 2;
+            Ok((model.upload(cos, (m, half))?, model.upload(sin, (m, half))?))
+        };
+        let group = model.cfg.num_attention_heads / model.cfg.num_key_value_heads;
+        let mask = |window: Option<usize>| -> Result<Option<Tensor>> {
+            let len = pos + m;
+            let visible = |r: usize, j: usize| {
+                let p = pos + r;
+                j <= p && window.is_none_or(|w| j + w > p)
+            };
+            if (0..m).all(|r| (0..len).all(|j| visible(r, j))) {
+                return Ok(None);
+            }
+            let rows: Vec<f32> = (0..group * m)
+                .flat_map(|i| (0..len).map(move |j| (i % m, j)))
+                .map(|(r, j)| {
+                    if visible(r, j) {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+                .collect();
+            let t = Tensor::from_vec(rows, (group * m, len), &Device::Cpu)?;
+            Ok(Some(t.to_device(&model.opts.device)?))
+        };
+        Ok(Self {
+            pos,
+            m,
+            local: tables(&model.rope_local)?,
+            global: tables(&model.rope_global)?,
+            local_mask: mask(Some(model.cfg.sliding_window))?,
+            global_mask: mask(None)?,
+        })
+    }
+}

@@ -1,0 +1,146 @@
+//! [`DeviceGemma3`] (the candle-tensor forward meant for GPUs) run on candle's CPU backend
+//! in f32 against the CPU-kernel [`Gemma3`] on the same weights: a tiny random model over
+//! blocks crossing its sliding window, with rollback and taps, and the real Gemma 3 270M.
+
+mod common;
+
+use candle_core::{DType, Device};
+use common::*;
+use tandem_gemma::{
+    DeviceCache, DeviceGemma3, DeviceOptions, ForwardOptions, Gemma3, GemmaError, LogitsMode,
+};
+
+fn cpu_f32() -> DeviceOptions {
+    DeviceOptions {
+        device: Device::Cpu,
+        dtype: DType::F32,
+    }
+}
+
+fn device_forward(
+    m: &DeviceGemma3,
+    tokens: &[u32],
+    cache: &mut DeviceCache,
+    opts: &ForwardOptions,
+) -> (Vec<f32>, Vec<Vec<f32>>) {
+    let out = m
+        .forward(tokens, cache.len(), cache, opts)
+        .expect("device forward");
+    let flat = |t: &candle_core::Tensor| t.flatten_all().expect("flat").to_vec1().expect("vec");
+    let logits = out.logits.as_ref().map_or_else(Vec::new, flat);
+    (logits, out.taps.iter().map(flat).collect())
+}
+
+/// Blocks of 1..=7 tokens over 40 positions (the window is 6, GQA 4:2), a rollback in
+/// between, and three taps: everything within 1e-4 of the CPU kernels.
+#[test]
+fn tiny_model_matches_the_cpu_kernels() {
+    let cfg = tiny_config();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_hf(dir.path(), &cfg, 5);
+    let cpu = Gemma3::load(dir.path()).expect("load");
+    let dev = DeviceGemma3::load(dir.path(), cpu_f32()).expect("load on device");
+    let ids = Lcg::new(3).tokens(40, cfg.vocab_size);
+    let opts = ForwardOptions {
+        logits: LogitsMode::All,
+        taps: vec![0, 3, cfg.num_hidden_layers],
+    };
+    let mut kv = cpu.new_cache(64);
+    let mut dc = dev.new_cache(64);
+    let (mut pos, mut b) = (0, 1);
+    while pos < ids.len() {
+        let len = b.min(ids.len() - pos);
+        let block = &ids[pos..pos + len];
+        // A wrong block first, rolled back: the cache must forget it.
+        device_forward(&dev, &ids[..len], &mut dc, &opts);
+        dc.truncate(pos).expect("truncate");
+        let want = cpu.forward(block, pos, &mut kv, &opts).expect("forward");
+        let (logits, taps) = device_forward(&dev, block, &mut dc, &opts);
+        let flat = |t: &candle_core::Tensor| -> Vec<f32> {
+            t.flatten_all().expect("flat").to_vec1().expect("vec")
+        };
+        let diff = max_abs_diff(&logits, &flat(want.logits.as_ref().expect("logits")));
+        assert!(diff < 1e-4, "logits at {pos}+{len} differ by {diff}");
+        for (got, want) in taps.iter().zip(&want.taps) {
+            let diff = max_abs_diff(got, &flat(want));
+            assert!(diff < 1e-4, "taps at {pos}+{len} differ by {diff}");
+        }
+        pos += len;
+        b = b % 7 + 1;
+    }
+    assert_eq!(dc.len(), ids.len());
+}
+
+#[test]
+fn bad_calls_are_errors_and_change_nothing() {
+    let cfg = tiny_config();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_hf(dir.path(), &cfg, 6);
+    let dev = DeviceGemma3::load(dir.path(), cpu_f32()).expect("load");
+    let mut dc = dev.new_cache(8);
+    let opts = ForwardOptions::default();
+    assert!(err(dev.forward(&[], 0, &mut dc, &opts)).contains("empty block"));
+    assert!(err(dev.forward(&[1], 3, &mut dc, &opts)).contains("position 3"));
+    assert!(err(dev.forward(&[500], 0, &mut dc, &opts)).contains("outside the vocabulary"));
+    assert!(err(dev.forward(&[1; 9], 0, &mut dc, &opts)).contains("context full"));
+    let taps = ForwardOptions {
+        taps: vec![99],
+        ..ForwardOptions::default()
+    };
+    assert!(err(dev.forward(&[1], 0, &mut dc, &taps)).contains("tap 99"));
+    assert!(err(dc.truncate(1)).contains("cannot truncate"));
+    assert_eq!(dc.len(), 0);
+    let bf = DeviceOptions {
+        dtype: DType::U8,
+        ..cpu_f32()
+    };
+    assert!(DeviceGemma3::load(dir.path(), bf).is_err());
+}
+
+/// The real 270M: greedy continuations equal the CPU kernels', first-position logits
+/// within 2e-3, and single steps across the 512-token sliding window within 2e-3.
+#[test]
+fn real_model_matches_the_cpu_kernels() {
+    let path = real_gguf();
+    let cpu = Gemma3::load(&path).expect("load");
+    let dev = DeviceGemma3::load(&path, cpu_f32()).expect("load on device");
+    let vocab = cpu.config().vocab_size;
+    let mut ids = vec![2u32];
+    ids.extend(Lcg::new(9).tokens(507, 20_000).into_iter().map(|t| t + 100));
+    let last = ForwardOptions {
+        logits: LogitsMode::Last,
+        taps: vec![],
+    };
+    let mut kv = cpu.new_cache(600);
+    let mut dc = dev.new_cache(600);
+    let mut want = cpu.forward(&ids, 0, &mut kv, &last).expect("prefill");
+    let mut got = dev.forward(&ids, 0, &mut dc, &last).expect("prefill");
+    for step in 0..12 {
+        let flat = |o: &tandem_gemma::ForwardOutput| -> Vec<f32> {
+            let l = o.logits.as_ref().expect("logits");
+            l.flatten_all().expect("flat").to_vec1().expect("vec")
+        };
+        let (w, g) = (flat(&want), flat(&got));
+        assert_eq!(w.len(), vocab);
+        let diff = max_abs_diff(&w, &g);
+        assert!(diff < 2e-3, "step {step}: logits differ by {diff}");
+        let next = argmax(&w);
+        assert_eq!(argmax(&g), next, "step {step}");
+        let pos = kv.len();
+        want = cpu.forward(&[next], pos, &mut kv, &last).expect("step");
+        got = dev.forward(&[next], pos, &mut dc, &last).expect("step");
+    }
+}
+
+/// The message of an error (empty when `r` is `Ok`).
+fn err<T>(r: Result<T, GemmaError>) -> String {
+    r.err().map(|e| e.to_string()).unwrap_or_default()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let best = v.iter().enumerate().fold(
+        (0, f32::NEG_INFINITY),
+        |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+    );
+    best.0 as u32
+}
