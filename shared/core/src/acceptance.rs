@@ -47,12 +47,14 @@ pub fn accept_greedy(draft: &[u32], target_argmax: &[u32]) -> Verdict {
 }
 
 /// Rejection sampling. `q[i]` is the distribution draft token `draft[i]` was drawn from;
-/// `p[i]` the target's (after the request's temperature / top-k / top-p) at the same
-/// position, with `p.len() == draft.len() + 1` (the last one gives the bonus).
+/// `p(i)` the target's (after the request's temperature / top-k / top-p) at the same
+/// position, for `i` in `0..=draft.len()` (the last one gives the bonus). `p` is called in
+/// order, once per position the round reaches and for no other: after an early rejection
+/// the full-vocabulary distributions of the later positions are never built.
 pub fn accept_sampled(
     draft: &[u32],
     q: &[SparseDist],
-    p: &[SparseDist],
+    mut p: impl FnMut(usize) -> SparseDist,
     rng: &mut Sampler,
 ) -> Verdict {
     assert_eq!(
@@ -60,25 +62,21 @@ pub fn accept_sampled(
         draft.len(),
         "one draft distribution per draft token"
     );
-    assert_eq!(
-        p.len(),
-        draft.len() + 1,
-        "one target distribution per draft position plus the bonus"
-    );
     for (i, d) in draft.iter().enumerate() {
-        let (pd, qd) = (p[i].prob(*d) as f64, q[i].prob(*d) as f64);
+        let pi = p(i);
+        let (pd, qd) = (pi.prob(*d) as f64, q[i].prob(*d) as f64);
         let u = rng.uniform();
         if qd > 0.0 && u * qd < pd {
             continue;
         }
         return Verdict {
             accepted: i,
-            next: residual(&p[i], &q[i]).draw(rng.uniform()),
+            next: residual(&pi, &q[i]).draw(rng.uniform()),
         };
     }
     Verdict {
         accepted: draft.len(),
-        next: p[draft.len()].draw(rng.uniform()),
+        next: p(draft.len()).draw(rng.uniform()),
     }
 }
 
@@ -107,6 +105,11 @@ mod tests {
     use super::*;
     use crate::sampling::SamplingParams;
     use proptest::prelude::*;
+
+    /// The target distributions of a round, looked up by position.
+    fn at(p: &[SparseDist]) -> impl FnMut(usize) -> SparseDist + '_ {
+        move |i| p[i].clone()
+    }
 
     fn sampler(seed: u64) -> Sampler {
         Sampler::new(SamplingParams {
@@ -166,7 +169,7 @@ mod tests {
                 let v = accept_sampled(
                     &[d],
                     std::slice::from_ref(&q0),
-                    &[p0.clone(), p1.clone()],
+                    at(&[p0.clone(), p1.clone()]),
                     &mut rng,
                 );
                 counts[v.emitted(&[d])[0] as usize] += 1.0;
@@ -213,7 +216,7 @@ mod tests {
                     draft.push(last);
                     p.push(p_of(last));
                 }
-                let v = accept_sampled(&draft, &q, &p, &mut rng);
+                let v = accept_sampled(&draft, &q, at(&p), &mut rng);
                 seq.extend(v.emitted(&draft));
                 prev = *seq.last().expect("a token");
             }
@@ -243,7 +246,7 @@ mod tests {
             let v = accept_sampled(
                 &[0, 1, 1],
                 &vec![p.clone(); 3],
-                &vec![p.clone(); 4],
+                at(&vec![p.clone(); 4]),
                 &mut rng,
             );
             assert_eq!(v.accepted, 3);
@@ -254,7 +257,7 @@ mod tests {
     fn token_outside_target_support_is_always_rejected() {
         let p = dist(&[0.0, 1.0]);
         let q = dist(&[1.0, 0.0]);
-        let v = accept_sampled(&[0], &[q], &[p.clone(), p], &mut sampler(3));
+        let v = accept_sampled(&[0], &[q], at(&[p.clone(), p]), &mut sampler(3));
         assert_eq!(
             v,
             Verdict {
@@ -285,12 +288,14 @@ mod tests {
             let (q, p) = (&ds[..gamma], &ds[6..6 + gamma + 1]);
             let mut draws = sampler(seed);
             let draft: Vec<u32> = q.iter().map(|d| d.draw(draws.uniform())).collect();
-            let v = accept_sampled(&draft, q, p, &mut sampler(seed ^ 1));
+            let mut asked = Vec::new();
+            let v = accept_sampled(&draft, q, |i| { asked.push(i); p[i].clone() }, &mut sampler(seed ^ 1));
+            prop_assert_eq!(asked, (0..=v.accepted).collect::<Vec<_>>(), "p is asked for the positions reached, in order");
             let out = v.emitted(&draft);
             prop_assert!(v.accepted <= gamma && out.len() == v.accepted + 1);
             prop_assert_eq!(&out[..v.accepted], &draft[..v.accepted]);
             prop_assert!(p[v.accepted].prob(v.next) > 0.0, "the last token comes from the target");
-            let again = accept_sampled(&draft, q, p, &mut sampler(seed ^ 1));
+            let again = accept_sampled(&draft, q, at(p), &mut sampler(seed ^ 1));
             prop_assert_eq!(again, v);
         }
     }

@@ -76,8 +76,12 @@ pub struct SparseDist {
 }
 
 impl SparseDist {
-    /// The probability of `id` (0 when absent).
+    /// The probability of `id` (0 when absent). Constant time when `id` sits at index `id`
+    /// (a full-vocabulary distribution in id order), a scan otherwise.
     pub fn prob(&self, id: u32) -> f32 {
+        if self.ids.get(id as usize) == Some(&id) {
+            return self.probs[id as usize];
+        }
         self.ids
             .iter()
             .position(|x| *x == id)
@@ -117,6 +121,9 @@ pub fn distribution(logits: &[f32], params: &SamplingParams) -> SparseDist {
         };
     }
     let inv_t = 1.0 / params.temperature as f64;
+    if params.top_k.is_none() && params.top_p >= 1.0 {
+        return dense(logits, inv_t);
+    }
     let mut cand: Vec<(u32, f64)> = logits
         .iter()
         .enumerate()
@@ -152,6 +159,20 @@ pub fn distribution(logits: &[f32], params: &SamplingParams) -> SparseDist {
     SparseDist {
         ids: cand.iter().map(|c| c.0).collect(),
         probs: cand.iter().map(|c| (c.1 / total) as f32).collect(),
+    }
+}
+
+/// Temperature alone: every id, in id order. The exponentials are computed in f32 (within
+/// 2.4e-7 relative, vectorized: a full-vocabulary distribution per verified position is on
+/// the sampled hot path) and normalised by their f64 sum.
+fn dense(logits: &[f32], inv_t: f64) -> SparseDist {
+    let mut probs = Vec::new();
+    let total = tandem_kernels::softmax_weights(logits, inv_t as f32, &mut probs);
+    let inv = (1.0 / total) as f32;
+    probs.iter_mut().for_each(|p| *p *= inv);
+    SparseDist {
+        ids: (0..logits.len() as u32).collect(),
+        probs,
     }
 }
 

@@ -270,19 +270,16 @@ impl<'e> Generation<'e> {
             .logits
             .as_ref()
             .ok_or_else(|| EngineError::InvalidRequest("forward returned no logits".into()))?;
-        let rows = logits_rows(logits, draft.tokens.len() + 1)?;
+        let rows = draft.tokens.len() + 1;
         if self.req.sampling.is_greedy() {
-            let best: Vec<u32> = rows.iter().map(|r| argmax(r)).collect();
-            return Ok(accept_greedy(&draft.tokens, &best));
+            return Ok(accept_greedy(&draft.tokens, &greedy_tokens(logits, rows)?));
         }
-        let p: Vec<_> = rows
-            .iter()
-            .map(|r| distribution(r, &self.req.sampling))
-            .collect();
+        let rows = logits_rows(logits, rows)?;
+        let sampling = self.req.sampling;
         Ok(accept_sampled(
             &draft.tokens,
             &draft.dists,
-            &p,
+            |i| distribution(&rows[i], &sampling),
             &mut self.sampler,
         ))
     }
@@ -360,13 +357,31 @@ fn cache_positions(req: &GenerationRequest, gamma: usize, max_context: usize) ->
 }
 
 /// The first `rows` rows of a `[m, vocab]` logits tensor.
-fn logits_rows(logits: &Tensor, rows: usize) -> Result<Vec<Vec<f32>>> {
-    let all = logits.to_vec2::<f32>()?;
-    if all.len() < rows {
+fn first_rows(logits: &Tensor, rows: usize) -> Result<Tensor> {
+    let have = logits.dim(0)?;
+    if have < rows {
         return Err(EngineError::InvalidRequest(format!(
-            "forward returned {} logits rows, {rows} needed",
-            all.len()
+            "forward returned {have} logits rows, {rows} needed"
         )));
     }
-    Ok(all.into_iter().take(rows).collect())
+    Ok(logits.narrow(0, 0, rows)?)
+}
+
+/// The first `rows` rows of a `[m, vocab]` logits tensor, on the host.
+fn logits_rows(logits: &Tensor, rows: usize) -> Result<Vec<Vec<f32>>> {
+    Ok(first_rows(logits, rows)?.to_vec2::<f32>()?)
+}
+
+/// The argmax of each of the first `rows` logits rows: [`argmax`] (ties to the lowest id)
+/// for host logits; on the logits' device otherwise, so that only the ids travel.
+fn greedy_tokens(logits: &Tensor, rows: usize) -> Result<Vec<u32>> {
+    if logits.device().is_cpu() {
+        return Ok(logits_rows(logits, rows)?
+            .iter()
+            .map(|r| argmax(r))
+            .collect());
+    }
+    Ok(first_rows(logits, rows)?
+        .argmax(candle_core::D::Minus1)?
+        .to_vec1::<u32>()?)
 }

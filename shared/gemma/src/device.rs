@@ -41,6 +41,8 @@ struct Layer {
     /// `[q_dim + 2 kv_dim, hidden]`: q, k and v stacked.
     qkv: Tensor,
     o: Tensor,
+    /// The query norm times the attention scale `query_pre_attn_scalar^-0.5` (rotation is
+    /// linear, so scaling queries before it scales the scores).
     q_norm: Tensor,
     k_norm: Tensor,
     post_attn_norm: Tensor,
@@ -64,8 +66,9 @@ pub struct DeviceGemma3 {
     rope_global: Rope,
 }
 
-/// The KV cache of one sequence on a device: per layer `[1, kv_heads, capacity, head_dim]`
-/// keys and values, of which the first [`DeviceCache::len`] positions are committed.
+/// The KV cache of one sequence on a device: per layer `[1, capacity, kv_heads, head_dim]`
+/// keys and values (position-major, as the forward produces them), of which the first
+/// [`DeviceCache::len`] positions are committed.
 pub struct DeviceCache {
     /// Per layer (empty until the first forward).
     k: Vec<Tensor>,
@@ -120,7 +123,7 @@ impl DeviceCache {
             .max(FIRST_CAPACITY)
             .min(self.max_len);
         let (layers, heads, hd) = self.dims;
-        let zeros = || Tensor::zeros((1, heads, capacity, hd), self.dtype, &self.device);
+        let zeros = || Tensor::zeros((1, capacity, heads, hd), self.dtype, &self.device);
         if self.k.is_empty() {
             self.k = (0..layers)
                 .map(|_| zeros())
@@ -132,7 +135,7 @@ impl DeviceCache {
             for t in self.k.iter_mut().chain(self.v.iter_mut()) {
                 let grown = zeros()?;
                 if self.len > 0 {
-                    grown.slice_set(&t.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
+                    grown.slice_set(&t.narrow(1, 0, self.len)?, 1, 0)?;
                 }
                 *t = grown;
             }
@@ -183,7 +186,7 @@ impl DeviceGemma3 {
                     attn_norm: vec(at(AttnNorm))?,
                     qkv: mat(&[at(Q), at(K), at(V)])?,
                     o: mat(&[at(O)])?,
-                    q_norm: vec(at(QNorm))?,
+                    q_norm: (vec(at(QNorm))? * cfg.query_pre_attn_scalar.powf(-0.5))?,
                     k_norm: vec(at(KNorm))?,
                     post_attn_norm: vec(at(PostAttnNorm))?,
                     pre_ffn_norm: vec(at(PreFfnNorm))?,
@@ -252,8 +255,10 @@ impl DeviceGemma3 {
     }
 
     /// Runs `tokens` at positions `pos..pos+m`, appending their keys and values to `cache`
-    /// (which must hold exactly `pos` positions). Logits and taps come back as f32 CPU
-    /// tensors, as [`crate::Gemma3::forward`] returns them.
+    /// (which must hold exactly `pos` positions). Logits stay on the device (f32), so that a
+    /// caller can reduce them there; taps and the last hidden rows come back as f32 CPU
+    /// tensors, as [`crate::Gemma3::forward`] returns them (their copy waits for the
+    /// whole forward).
     pub fn forward(
         &self,
         tokens: &[u32],
@@ -335,13 +340,13 @@ impl DeviceGemma3 {
         Ok(t.to_device(&self.opts.device)?)
     }
 
-    /// `[rows, vocab]` f32 CPU logits of final-norm rows.
+    /// `[rows, vocab]` f32 logits of final-norm rows, on the device.
     fn logits(&self, normed: &Tensor) -> Result<Tensor> {
         let mut logits = normed.matmul(&self.lm_head.t()?)?.to_dtype(DType::F32)?;
         if let Some(cap) = self.cfg.final_logit_softcapping {
             logits = ((logits / cap)?.tanh()? * cap)?;
         }
-        Ok(logits.to_device(&Device::Cpu)?)
+        Ok(logits)
     }
 
     fn layer(
@@ -371,16 +376,16 @@ impl DeviceGemma3 {
             .narrow(1, q_dim + kv_dim, kv_dim)?
             .reshape((1, m, nkv, hd))?;
         let pos = ctx.pos;
-        cache.k[idx].slice_set(&k.transpose(1, 2)?.contiguous()?, 2, pos)?;
-        cache.v[idx].slice_set(&v.transpose(1, 2)?.contiguous()?, 2, pos)?;
-        let keys = cache.k[idx].narrow(2, 0, pos + m)?.contiguous()?;
-        let values = cache.v[idx].narrow(2, 0, pos + m)?.contiguous()?;
+        cache.k[idx].slice_set(&k, 1, pos)?;
+        cache.v[idx].slice_set(&v, 1, pos)?;
+        let keys = cache.k[idx].narrow(1, 0, pos + m)?;
+        let values = cache.v[idx].narrow(1, 0, pos + m)?;
         let mask = if l.sliding {
             &ctx.local_mask
         } else {
             &ctx.global_mask
         };
-        let attn = self.attend(&q.transpose(1, 2)?.contiguous()?, &keys, &values, mask)?;
+        let attn = self.attend(&q, &keys, &values, mask)?;
         let o = rms_norm(&attn.matmul(&l.o.t()?)?, &l.post_attn_norm, eps)?;
         let x = (x + o)?;
 
@@ -391,8 +396,11 @@ impl DeviceGemma3 {
         Ok((x + down)?)
     }
 
-    /// Grouped-query attention of `q` (`[1, heads, m, hd]`) over `keys`/`values`
-    /// (`[1, kv_heads, len, hd]`); returns `[m, heads * hd]`.
+    /// Grouped-query attention of `q` (`[1, m, heads, hd]`, already scaled) over
+    /// `keys`/`values` (`[1, len, kv_heads, hd]`); returns `[m, heads * hd]`.
+    ///
+    /// The rows of one key head are its query heads at every position, position-major, so
+    /// that with one key head (Gemma 3 270M) no operand is copied.
     fn attend(
         &self,
         q: &Tensor,
@@ -400,12 +408,12 @@ impl DeviceGemma3 {
         values: &Tensor,
         mask: &Option<Tensor>,
     ) -> Result<Tensor> {
-        let (_, nh, m, hd) = q.dims4()?;
-        let nkv = keys.dim(1)?;
-        // The query heads sharing a key head are consecutive: stack them as rows.
-        let q = q.reshape((1, nkv, nh / nkv * m, hd))?;
-        let scale = self.cfg.query_pre_attn_scalar.powf(-0.5);
-        let mut scores = (q.matmul(&keys.t()?)?.to_dtype(DType::F32)? * scale)?;
+        let (_, m, nh, hd) = q.dims4()?;
+        let nkv = keys.dim(2)?;
+        let g = nh / nkv;
+        let by_head = |t: &Tensor| t.transpose(1, 2)?.contiguous();
+        let q = by_head(&q.reshape((1, m, nkv, g * hd))?)?.reshape((1, nkv, m * g, hd))?;
+        let mut scores = q.matmul(&by_head(keys)?.t()?)?.to_dtype(DType::F32)?;
         if let Some(cap) = self.cfg.attn_logit_softcapping {
             scores = ((scores / cap)?.tanh()? * cap)?;
         }
@@ -413,7 +421,7 @@ impl DeviceGemma3 {
             scores = scores.broadcast_add(mask)?;
         }
         let p = softmax_last_dim(&scores)?.to_dtype(self.opts.dtype)?;
-        let out = p.matmul(values)?.reshape((1, nh, m, hd))?;
+        let out = p.matmul(&by_head(values)?)?.reshape((1, nkv, m, g * hd))?;
         Ok(out.transpose(1, 2)?.reshape((m, nh * hd))?)
     }
 }
@@ -425,7 +433,8 @@ struct Context {
     m: usize,
     local: (Tensor, Tensor),
     global: (Tensor, Tensor),
-    /// `[heads / kv_heads * m, pos + m]` additive masks (`None`: every key visible).
+    /// `[m * heads / kv_heads, pos + m]` additive masks, rows position-major (`None`: every
+    /// key visible).
     local_mask: Option<Tensor>,
     global_mask: Option<Tensor>,
 }
@@ -453,7 +462,7 @@ impl Context {
                 return Ok(None);
             }
             let rows: Vec<f32> = (0..group * m)
-                .flat_map(|i| (0..len).map(move |j| (i % m, j)))
+                .flat_map(|i| (0..len).map(move |j| (i / group, j)))
                 .map(|(r, j)| {
                     if visible(r, j) {
                         0.0

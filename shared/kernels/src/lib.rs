@@ -108,4 +108,4 @@ pub use error::KernelError;
 pub use isa::Isa;
 pub use matrix::QMatrix;
 pub use qtype::QType;
-pub use vector::{dot, gelu_tanh_mul, rms_norm, rms_norm_rows};
+pub use vector::{dot, gelu_tanh_mul, rms_norm, rms_norm_rows, softmax_weights};

@@ -52,6 +52,45 @@ pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `out[i] = e^{(x[i] - max(x)) · scale}` for every element (`out` is overwritten), and
+/// their sum in f64: the weights of a softmax at temperature `1 / scale`. The argument is
+/// rounded to f32 and its exponential is within 2.4e-7 relative (`scale > 0`); compiled for AVX2 where present, with
+/// the same per-lane operations, so the results do not depend on the CPU.
+pub fn softmax_weights(x: &[f32], scale: f32, out: &mut Vec<f32>) -> f64 {
+    out.clear();
+    out.resize(x.len(), 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was just detected.
+        return unsafe { softmax_weights_avx2(x, scale, out) };
+    }
+    softmax_weights_body(x, scale, out)
+}
+
+/// [`softmax_weights_body`] compiled with AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn softmax_weights_avx2(x: &[f32], scale: f32, out: &mut [f32]) -> f64 {
+    softmax_weights_body(x, scale, out)
+}
+
+#[inline(always)]
+fn softmax_weights_body(x: &[f32], scale: f32, out: &mut [f32]) -> f64 {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for (o, v) in out.iter_mut().zip(x) {
+        *o = exp((*v - max) * scale);
+    }
+    let mut lanes = [0f64; 8];
+    let chunks = out.chunks_exact(8);
+    let tail: f64 = chunks.remainder().iter().map(|e| *e as f64).sum();
+    for c in chunks {
+        for (l, e) in lanes.iter_mut().zip(c) {
+            *l += *e as f64;
+        }
+    }
+    lanes.iter().sum::<f64>() + tail
+}
+
 /// `tanh(z)` as `1 - 2 / (e^{2z} + 1)` with [`exp`]: within 2.5e-7 of the exact value
 /// (absolute), ±1 beyond ±44, and branch-free, so that loops over it vectorize (libm's
 /// `tanhf` is a scalar call per element, a tenth of a verify's time in the FFN activation).
@@ -70,7 +109,8 @@ fn exp(x: f32) -> f32 {
     // Adding and subtracting 1.5 · 2^23 rounds to the nearest integer.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2_E + ROUND) - ROUND;
+    let shifted = x * LOG2_E + ROUND;
+    let n = shifted - ROUND;
     let r = (x - n * LN2_HI) - n * LN2_LO;
     let p = 1.987_569_1e-4;
     let p = p * r + 1.398_199_9e-3;
@@ -79,7 +119,13 @@ fn exp(x: f32) -> f32 {
     let p = p * r + 1.666_666_5e-1;
     let p = p * r + 5e-1;
     let poly = (p * r) * r + r + 1.0;
-    poly * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // `n` (in [-126, 127]) sits in the low mantissa bits of `shifted`: integer arithmetic
+    // on them builds `2^n` and vectorizes, where a float-to-int cast would not.
+    let biased = shifted
+        .to_bits()
+        .wrapping_sub(ROUND.to_bits())
+        .wrapping_add(127);
+    poly * f32::from_bits(biased << 23)
 }
 
 #[cfg(test)]
@@ -102,6 +148,24 @@ mod tests {
         assert_eq!(tanh(-100.0), -1.0);
         assert_eq!(tanh(0.0), 0.0);
         assert!(exp(-1000.0) > 0.0 && exp(1000.0).is_finite());
+    }
+
+    #[test]
+    fn softmax_weights_match_f64() {
+        let x: Vec<f32> = (0..1000)
+            .map(|i| ((i * 37) % 101) as f32 * 0.3 - 12.0)
+            .collect();
+        let mut out = Vec::new();
+        let total = softmax_weights(&x, 1.0 / 0.7, &mut out);
+        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let arg = |v: f32| ((v - max) * (1.0 / 0.7f32)) as f64;
+        let exact: Vec<f64> = x.iter().map(|v| arg(*v).exp()).collect();
+        for (e, w) in out.iter().zip(&exact) {
+            assert!(((*e as f64 - w) / w).abs() < 3e-7, "{e} vs {w}");
+        }
+        let sum: f64 = exact.iter().sum();
+        assert!(((total - sum) / sum).abs() < 3e-7);
+        assert_eq!(out.iter().copied().fold(0f32, f32::max), 1.0);
     }
 
     #[test]
