@@ -1,6 +1,10 @@
 //! The engine's side of a proposer session: opening it (when the target can export the
 //! snapshot the proposer declares), handing it exactly the rows of newly committed
 //! positions, and checking every drafted block before the round trusts it.
+//!
+//! Committed rows are held back until the proposer next drafts and then sent in one
+//! `extend`: rounds that do not draft (an adaptive γ of 0) cost the proposer nothing, and
+//! several rounds' rows cost one call.
 
 use tandem_core::{
     DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams,
@@ -19,6 +23,8 @@ pub(crate) struct Drafting {
     session: Box<dyn ProposerSession>,
     spec: SnapshotSpec,
     greedy: bool,
+    /// Committed rows the session has not seen yet (contiguous positions).
+    pending: SnapshotRows,
 }
 
 impl Drafting {
@@ -38,6 +44,11 @@ impl Drafting {
             .and_then(|()| proposer.open(sampling));
         match opened {
             Ok(session) => Some(Self {
+                pending: SnapshotRows {
+                    start: 0,
+                    width: spec.row_width(),
+                    data: Vec::new(),
+                },
                 session,
                 spec,
                 greedy: sampling.is_greedy(),
@@ -55,15 +66,9 @@ impl Drafting {
         &self.spec
     }
 
-    /// Sends the first `rows` rows of `snapshot` (rows of the spec, from one forward) as the
-    /// snapshot of positions `pos..pos + rows`. The outer error is the engine's own; the
-    /// inner one the proposer's.
-    pub(crate) fn extend(
-        &mut self,
-        snapshot: &[f32],
-        pos: usize,
-        rows: usize,
-    ) -> Result<std::result::Result<(), ProposeError>> {
+    /// Queues the first `rows` rows of `snapshot` (rows of the spec, from one forward) as the
+    /// snapshot of positions `pos..pos + rows`, which must follow the rows queued before.
+    pub(crate) fn extend(&mut self, snapshot: &[f32], pos: usize, rows: usize) -> Result<()> {
         let width = self.spec.row_width();
         let data = snapshot.get(..rows * width).ok_or_else(|| {
             EngineError::InvalidRequest(format!(
@@ -71,12 +76,18 @@ impl Drafting {
                 snapshot.len()
             ))
         })?;
-        let rows = SnapshotRows {
-            start: pos,
-            width,
-            data: data.to_vec(),
-        };
-        Ok(self.session.extend(&rows))
+        let pending = &mut self.pending;
+        if pending.data.is_empty() {
+            pending.start = pos;
+        } else if pending.start + pending.rows() != pos {
+            return Err(EngineError::InvalidRequest(format!(
+                "snapshot rows from position {pos} do not follow the {} queued from {}",
+                pending.rows(),
+                pending.start
+            )));
+        }
+        pending.data.extend_from_slice(data);
+        Ok(())
     }
 
     /// Asks for `gamma` tokens after `anchor` at `position` and checks the answer.
@@ -92,6 +103,13 @@ impl Drafting {
             position,
             gamma,
         };
+        if !self.pending.data.is_empty() {
+            let rows = SnapshotRows {
+                data: std::mem::take(&mut self.pending.data),
+                ..self.pending
+            };
+            self.session.extend(&rows)?;
+        }
         let block = self.session.propose(&req)?;
         check_block(&block, gamma, vocab, self.greedy)?;
         Ok(block)
@@ -157,6 +175,67 @@ mod tests {
             ids: vec![id],
             probs: vec![1.0],
         }
+    }
+
+    /// Records the `(start, rows)` of every extend; drafts `gamma` copies of the anchor.
+    struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(usize, usize)>>>);
+
+    impl ProposerSession for Recorder {
+        fn extend(&mut self, rows: &SnapshotRows) -> std::result::Result<(), ProposeError> {
+            let mut seen = self
+                .0
+                .lock()
+                .map_err(|_| ProposeError::Invalid("lock".into()))?;
+            seen.push((rows.start, rows.rows()));
+            Ok(())
+        }
+
+        fn propose(
+            &mut self,
+            req: &ProposeRequest,
+        ) -> std::result::Result<DraftBlock, ProposeError> {
+            Ok(block(&vec![req.anchor; req.gamma], vec![]))
+        }
+    }
+
+    #[test]
+    fn committed_rows_reach_the_session_in_one_call_before_a_draft() -> Result<()> {
+        let seen = std::sync::Arc::default();
+        let spec = SnapshotSpec::taps(&[0], 2);
+        let mut d = Drafting {
+            session: Box::new(Recorder(std::sync::Arc::clone(&seen))),
+            pending: SnapshotRows {
+                start: 0,
+                width: spec.row_width(),
+                data: Vec::new(),
+            },
+            spec,
+            greedy: true,
+        };
+        d.extend(&[0.0; 10], 0, 5)?;
+        d.extend(&[0.0; 6], 5, 1)?;
+        d.extend(&[0.0; 4], 6, 2)?;
+        assert!(d.extend(&[0.0; 2], 9, 1).is_err(), "a gap is refused");
+        assert!(
+            d.extend(&[0.0; 2], 8, 2).is_err(),
+            "too few floats are refused"
+        );
+        assert!(
+            seen.lock().map_or(true, |s| s.is_empty()),
+            "nothing sent before a draft"
+        );
+        let drafted = d
+            .propose(7, 8, 2, 10)
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+        assert_eq!(drafted.tokens, vec![7, 7]);
+        d.extend(&[0.0; 2], 8, 1)?;
+        d.propose(7, 9, 1, 10)
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+        d.propose(7, 9, 1, 10)
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+        let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+        assert_eq!(seen, vec![(0, 8), (8, 1)]);
+        Ok(())
     }
 
     #[test]

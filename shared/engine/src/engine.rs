@@ -284,15 +284,13 @@ impl<'e> Generation<'e> {
         ))
     }
 
-    /// Sends the proposer the snapshot rows of `rows` newly committed positions from `pos`.
+    /// Queues for the proposer the snapshot rows of `rows` newly committed positions from
+    /// `pos` (sent before its next draft).
     fn send_rows(&mut self, out: &TargetStep, pos: usize, rows: usize) -> Result<()> {
-        let Some(d) = &mut self.drafting else {
-            return Ok(());
-        };
-        if let Err(e) = d.extend(&out.snapshot, pos, rows)? {
-            self.drop_drafting(&e);
+        match &mut self.drafting {
+            Some(d) => d.extend(&out.snapshot, pos, rows),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn drop_drafting(&mut self, e: &tandem_core::ProposeError) {
