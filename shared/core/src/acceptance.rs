@@ -81,15 +81,26 @@ pub fn accept_sampled(
 }
 
 /// `norm(max(p - q, 0))`; `p` itself when the two coincide (no mass left). Linear in the
-/// sizes of `p` and `q` (full-vocabulary distributions meet 32k-token draft ones here).
+/// sizes of `p` and `q` (full-vocabulary distributions meet 32k-token draft ones here): `q`
+/// is subtracted where its ids sit in `p`, found directly when `p` lists every id in order
+/// and through an index of `p` otherwise.
 fn residual(p: &SparseDist, q: &SparseDist) -> SparseDist {
-    let q_of: HashMap<u32, f32> = q.ids.iter().copied().zip(q.probs.iter().copied()).collect();
-    let mass: Vec<f64> = p
-        .ids
-        .iter()
-        .zip(&p.probs)
-        .map(|(id, pp)| (*pp as f64 - q_of.get(id).copied().unwrap_or(0.0) as f64).max(0.0))
-        .collect();
+    let mut mass: Vec<f64> = p.probs.iter().map(|x| *x as f64).collect();
+    let in_order = p.ids.iter().enumerate().all(|(i, id)| *id as usize == i);
+    let index: HashMap<u32, usize> = match in_order {
+        true => HashMap::new(),
+        false => p.ids.iter().enumerate().map(|(i, id)| (*id, i)).collect(),
+    };
+    for (id, qp) in q.ids.iter().zip(&q.probs) {
+        let at = match in_order {
+            true => Some(*id as usize).filter(|i| *i < mass.len()),
+            false => index.get(id).copied(),
+        };
+        if let Some(m) = at.map(|i| &mut mass[i]) {
+            *m -= *qp as f64;
+        }
+    }
+    mass.iter_mut().for_each(|m| *m = m.max(0.0));
     let total: f64 = mass.iter().sum();
     if total <= 0.0 {
         return p.clone();
@@ -236,6 +247,38 @@ mod tests {
             *e = q_table[0][a] * q_table[a][b] * q_table[b][c];
         }
         assert!(l2(&drafted, &exact) > 20.0 * d);
+    }
+
+    /// `norm(max(p - q, 0))` computed id by id.
+    fn naive_residual(p: &SparseDist, q: &SparseDist) -> Vec<f32> {
+        let mass: Vec<f64> = p
+            .ids
+            .iter()
+            .zip(&p.probs)
+            .map(|(id, pp)| (*pp as f64 - q.prob(*id) as f64).max(0.0))
+            .collect();
+        let total: f64 = mass.iter().sum();
+        mass.iter().map(|m| (m / total) as f32).collect()
+    }
+
+    #[test]
+    fn residuals_of_ordered_and_unordered_targets_agree_with_the_definition() {
+        let p = dist(&[0.1, 0.4, 0.2, 0.3]);
+        let q = SparseDist {
+            ids: vec![3, 1, 9],
+            probs: vec![0.5, 0.3, 0.2],
+        };
+        let r = residual(&p, &q);
+        assert_eq!(r.ids, p.ids);
+        assert_eq!(r.probs, naive_residual(&p, &q));
+        let shuffled = SparseDist {
+            ids: vec![2, 0, 3, 1],
+            probs: vec![0.2, 0.1, 0.3, 0.4],
+        };
+        let r = residual(&shuffled, &q);
+        assert_eq!(r.ids, shuffled.ids);
+        assert_eq!(r.probs, naive_residual(&shuffled, &q));
+        assert_eq!(residual(&p, &p), p, "no mass left: p itself");
     }
 
     #[test]
