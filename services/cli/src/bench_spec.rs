@@ -102,6 +102,9 @@ pub struct Mode {
 struct SpecReport {
     drafter: String,
     via: &'static str,
+    /// Where and how the target ran (`cpu exact`, `cuda:0 f32`, ...); the drafter runs on
+    /// the CPU.
+    backend: String,
     prompts: usize,
     prompt_tokens: usize,
     max_tokens: usize,
@@ -162,6 +165,7 @@ pub fn run(a: SpecArgs) -> Result<()> {
     let report = SpecReport {
         drafter: a.drafter.drafter.clone(),
         via: if a.services { "services" } else { "in-process" },
+        backend: a.models.backend(),
         prompts: prompts.len(),
         prompt_tokens: prompts.first().map_or(0, Vec::len),
         max_tokens: a.max_tokens,
@@ -355,8 +359,8 @@ fn merge(into: &mut SpecStats, s: &SpecStats) {
 
 fn print_report(r: &SpecReport) {
     println!(
-        "drafter {} ({}): {} held-out prompts of {} tokens, {} tokens each",
-        r.drafter, r.via, r.prompts, r.prompt_tokens, r.max_tokens
+        "drafter {} ({}, target on {}): {} held-out prompts of {} tokens, {} tokens each",
+        r.drafter, r.via, r.backend, r.prompts, r.prompt_tokens, r.max_tokens
     );
     for m in &r.modes {
         println!("T = {}: plain {:.1} tok/s", m.temperature, m.plain_tok_s);
