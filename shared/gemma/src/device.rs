@@ -160,59 +160,21 @@ impl DeviceGemma3 {
     }
 
     fn build(cfg: GemmaConfig, src: &dyn TensorSource, opts: DeviceOptions) -> Result<Self> {
-        let put = |data: Vec<f32>, shape: (usize, usize)| -> Result<Tensor> {
-            let t = Tensor::from_vec(data, shape, &Device::Cpu)?.to_dtype(opts.dtype)?;
-            Ok(t.to_device(&opts.device)?)
-        };
-        let mat = |roles: &[Role]| -> Result<Tensor> {
-            let (mut data, mut rows, mut cols) = (Vec::new(), 0, 0);
-            for role in roles {
-                let shape = role.shape(&cfg);
-                let (n, k) = (shape[0], shape[1]);
-                data.extend(src.matrix(*role, n, k)?.dequantize());
-                (rows, cols) = (rows + n, k);
-            }
-            put(data, (rows, cols))
-        };
-        let vec = |role: Role| -> Result<Tensor> {
-            let len = role.shape(&cfg)[0];
-            Ok(put(src.vector(role, len)?, (1, len))?.squeeze(0)?)
+        let load = Loader {
+            cfg: &cfg,
+            src,
+            opts: &opts,
         };
         let layers = (0..cfg.num_hidden_layers)
-            .map(|i| {
-                use LayerTensor::*;
-                let at = |t| Role::Layer(i, t);
-                Ok(Layer {
-                    attn_norm: vec(at(AttnNorm))?,
-                    qkv: mat(&[at(Q), at(K), at(V)])?,
-                    o: mat(&[at(O)])?,
-                    q_norm: (vec(at(QNorm))? * cfg.query_pre_attn_scalar.powf(-0.5))?,
-                    k_norm: vec(at(KNorm))?,
-                    post_attn_norm: vec(at(PostAttnNorm))?,
-                    pre_ffn_norm: vec(at(PreFfnNorm))?,
-                    gate_up: mat(&[at(Gate), at(Up)])?,
-                    down: mat(&[at(Down)])?,
-                    post_ffn_norm: vec(at(PostFfnNorm))?,
-                    sliding: cfg.is_sliding(i),
-                })
-            })
+            .map(|i| load.layer(i))
             .collect::<Result<Vec<_>>>()?;
-        let embed =
-            std::sync::Arc::new(src.matrix(Role::Embed, cfg.vocab_size, cfg.hidden_size)?);
-        let lm_head = match cfg.tie_word_embeddings {
-            true => None,
-            false => Some(std::sync::Arc::new(src.matrix(
-                Role::LmHead,
-                cfg.vocab_size,
-                cfg.hidden_size,
-            )?)),
-        };
-        let head = TargetHead::new(cfg.clone(), embed, lm_head)?;
-        let lm_head = put(head.head().dequantize(), (cfg.vocab_size, cfg.hidden_size))?;
+        let head = TargetHead::read(cfg.clone(), src)?;
+        let shape = (cfg.vocab_size, cfg.hidden_size);
+        let lm_head = load.put(head.head().dequantize(), shape)?;
         let hd = cfg.head_dim;
         let factor = cfg.rope_scaling.as_ref().map_or(1.0, |s| s.factor);
         Ok(Self {
-            final_norm: vec(Role::FinalNorm)?,
+            final_norm: load.vector(Role::FinalNorm)?,
             rope_local: Rope::new(hd, cfg.rope_local_base_freq, 1.0),
             rope_global: Rope::new(hd, cfg.rope_theta, factor),
             lm_head,
@@ -423,6 +385,58 @@ impl DeviceGemma3 {
         let p = softmax_last_dim(&scores)?.to_dtype(self.opts.dtype)?;
         let out = p.matmul(&by_head(values)?)?.reshape((1, nkv, m, g * hd))?;
         Ok(out.transpose(1, 2)?.reshape((m, nh * hd))?)
+    }
+}
+
+/// Moves a model's tensors from its source onto the device, dequantized to its dtype.
+struct Loader<'a> {
+    cfg: &'a GemmaConfig,
+    src: &'a dyn TensorSource,
+    opts: &'a DeviceOptions,
+}
+
+impl Loader<'_> {
+    fn put(&self, data: Vec<f32>, shape: (usize, usize)) -> Result<Tensor> {
+        let t = Tensor::from_vec(data, shape, &Device::Cpu)?.to_dtype(self.opts.dtype)?;
+        Ok(t.to_device(&self.opts.device)?)
+    }
+
+    /// The matrices of `roles` stacked by rows (they share their number of columns).
+    fn matrix(&self, roles: &[Role]) -> Result<Tensor> {
+        let (mut data, mut rows, mut cols) = (Vec::new(), 0, 0);
+        for role in roles {
+            let shape = role.shape(self.cfg);
+            let (n, k) = (shape[0], shape[1]);
+            data.extend(self.src.matrix(*role, n, k)?.dequantize());
+            (rows, cols) = (rows + n, k);
+        }
+        self.put(data, (rows, cols))
+    }
+
+    fn vector(&self, role: Role) -> Result<Tensor> {
+        let len = role.shape(self.cfg)[0];
+        Ok(self
+            .put(self.src.vector(role, len)?, (1, len))?
+            .squeeze(0)?)
+    }
+
+    fn layer(&self, i: usize) -> Result<Layer> {
+        use LayerTensor::*;
+        let at = |t| Role::Layer(i, t);
+        let scale = self.cfg.query_pre_attn_scalar.powf(-0.5);
+        Ok(Layer {
+            attn_norm: self.vector(at(AttnNorm))?,
+            qkv: self.matrix(&[at(Q), at(K), at(V)])?,
+            o: self.matrix(&[at(O)])?,
+            q_norm: (self.vector(at(QNorm))? * scale)?,
+            k_norm: self.vector(at(KNorm))?,
+            post_attn_norm: self.vector(at(PostAttnNorm))?,
+            pre_ffn_norm: self.vector(at(PreFfnNorm))?,
+            gate_up: self.matrix(&[at(Gate), at(Up)])?,
+            down: self.matrix(&[at(Down)])?,
+            post_ffn_norm: self.vector(at(PostFfnNorm))?,
+            sliding: self.cfg.is_sliding(i),
+        })
     }
 }
 

@@ -54,7 +54,8 @@ impl TargetHead {
         Self::read(cfg, src.as_ref())
     }
 
-    fn read(cfg: GemmaConfig, src: &dyn TensorSource) -> Result<Self> {
+    /// Reads the embedding (and `lm_head` when untied) of `cfg`'s model from `src`.
+    pub(crate) fn read(cfg: GemmaConfig, src: &dyn TensorSource) -> Result<Self> {
         let mat = |role: Role| {
             let shape = role.shape(&cfg);
             src.matrix(role, shape[0], shape[1]).map(Arc::new)

@@ -7,7 +7,6 @@
 //! computed in. The KV cache is passed in by the caller.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 use tandem_kernels::QMatrix;
@@ -144,12 +143,7 @@ impl Gemma3 {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let embed = Arc::new(mat(Role::Embed)?);
-        let lm_head = match cfg.tie_word_embeddings {
-            true => None,
-            false => Some(Arc::new(mat(Role::LmHead)?)),
-        };
-        let head = TargetHead::new(cfg.clone(), embed, lm_head)?;
+        let head = TargetHead::read(cfg.clone(), src)?;
         let final_norm = vec(Role::FinalNorm)?;
         let hd = cfg.head_dim;
         let factor = cfg.rope_scaling.as_ref().map_or(1.0, |s| s.factor);
