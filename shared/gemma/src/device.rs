@@ -84,6 +84,9 @@ pub struct DeviceCache {
 
 /// Positions a cache first allocates room for; it doubles from there.
 const FIRST_CAPACITY: usize = 256;
+/// Most positions one pass through the layers takes: a longer block runs in chunks, so the
+/// attention scores of a long prompt stay at most this many rows.
+const MAX_CHUNK: usize = 512;
 
 impl DeviceCache {
     /// Committed positions.
@@ -228,20 +231,74 @@ impl DeviceGemma3 {
         cache: &mut DeviceCache,
         opts: &ForwardOptions,
     ) -> Result<ForwardOutput> {
-        let m = tokens.len();
         self.check(tokens, pos, cache, opts)?;
-        cache.reserve(pos + m)?;
-        let h = self.cfg.hidden_size;
+        let result = self.forward_chunks(tokens, pos, cache, opts);
+        if result.is_err() {
+            cache.len = pos;
+        }
+        result
+    }
+
+    /// Runs the block [`MAX_CHUNK`] positions at a time (each chunk attends to the cache and
+    /// to itself), so that a long prompt's scores never need more than `MAX_CHUNK` rows.
+    fn forward_chunks(
+        &self,
+        tokens: &[u32],
+        pos: usize,
+        cache: &mut DeviceCache,
+        opts: &ForwardOptions,
+    ) -> Result<ForwardOutput> {
+        cache.reserve(pos + tokens.len())?;
+        let chunks = tokens.len().div_ceil(MAX_CHUNK);
+        let (mut normed, mut taps, mut logits) = (Vec::new(), Vec::new(), Vec::new());
+        for (c, chunk) in tokens.chunks(MAX_CHUNK).enumerate() {
+            let (n, t) = self.forward_chunk(chunk, pos + c * MAX_CHUNK, cache, &opts.taps)?;
+            let rows = match opts.logits {
+                LogitsMode::All => Some(n.clone()),
+                LogitsMode::Last if c + 1 == chunks => Some(n.narrow(0, chunk.len() - 1, 1)?),
+                _ => None,
+            };
+            if let Some(rows) = rows {
+                logits.push(self.logits(&rows)?);
+            }
+            normed.push(n);
+            taps.push(t);
+        }
+        let host = |parts: &[Tensor]| -> Result<Tensor> {
+            let t = Tensor::cat(parts, 0)?.to_dtype(DType::F32)?;
+            Ok(t.to_device(&Device::Cpu)?)
+        };
+        let taps = (0..opts.taps.len())
+            .map(|i| host(&taps.iter().map(|t| t[i].clone()).collect::<Vec<_>>()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ForwardOutput {
+            logits: (!logits.is_empty())
+                .then(|| Tensor::cat(&logits, 0))
+                .transpose()?,
+            taps,
+            last_hidden: host(&normed)?,
+        })
+    }
+
+    /// One chunk at `pos`: its final-norm rows and the requested taps, on the device.
+    fn forward_chunk(
+        &self,
+        tokens: &[u32],
+        pos: usize,
+        cache: &mut DeviceCache,
+        tap_layers: &[usize],
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        let (m, h) = (tokens.len(), self.cfg.hidden_size);
         let mut rows = vec![0f32; m * h];
         for (row, t) in rows.chunks_exact_mut(h).zip(tokens) {
             self.head.embed_into(*t, row)?;
         }
         let mut x = self.upload(rows, (m, h))?;
         let ctx = Context::new(self, pos, m)?;
-        let mut taps: Vec<Option<Tensor>> = vec![None; opts.taps.len()];
+        let mut taps: Vec<Option<Tensor>> = vec![None; tap_layers.len()];
         for (i, layer) in self.layers.iter().enumerate() {
             x = self.layer(layer, &x, &ctx, cache, i)?;
-            for (slot, t) in taps.iter_mut().zip(&opts.taps) {
+            for (slot, t) in taps.iter_mut().zip(tap_layers) {
                 if *t == i {
                     *slot = Some(x.clone());
                 }
@@ -249,21 +306,11 @@ impl DeviceGemma3 {
         }
         cache.len = pos + m;
         let normed = rms_norm(&x, &self.final_norm, self.cfg.rms_norm_eps as f32)?;
-        let logits = match opts.logits {
-            LogitsMode::All => Some(self.logits(&normed)?),
-            LogitsMode::Last => Some(self.logits(&normed.narrow(0, m - 1, 1)?)?),
-            LogitsMode::None => None,
-        };
-        let host = |t: &Tensor| t.to_dtype(DType::F32)?.to_device(&Device::Cpu);
         let taps = taps
-            .iter()
-            .map(|t| host(t.as_ref().unwrap_or(&normed)))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        Ok(ForwardOutput {
-            logits,
-            taps,
-            last_hidden: host(&normed)?,
-        })
+            .into_iter()
+            .map(|t| t.unwrap_or_else(|| normed.clone()))
+            .collect();
+        Ok((normed, taps))
     }
 
     fn check(
