@@ -168,20 +168,30 @@ impl ModelArgs {
                 Arc::new(Gemma4Target::new(Arc::new(model))?)
             }
             (DeviceArg::Cuda(_), true) => bail!("Gemma 4 targets run on the CPU only"),
-            (DeviceArg::Cuda(n), false) => {
-                let device = Device::new_cuda(n).with_context(|| {
-                    format!("opening CUDA device {n} (is this a build with --features cuda?)")
-                })?;
-                let opts = DeviceOptions {
-                    device,
-                    dtype: self.dtype.into(),
-                };
-                let model = DeviceGemma3::load(&path, opts)
-                    .with_context(|| format!("loading {} onto cuda:{n}", display(&path)))?;
-                Arc::new(model)
+            (DeviceArg::Cuda(_), false) => {
+                return self.load_device().map(|(m, t)| (Arc::new(m) as _, t))
             }
         };
         Ok((target, GemmaTokenizer::from_file(&tok_path)?))
+    }
+
+    /// Loads the Gemma 3 target onto the `--device` GPU, and its tokenizer.
+    pub fn load_device(&self) -> Result<(DeviceGemma3, GemmaTokenizer)> {
+        let DeviceArg::Cuda(n) = self.device else {
+            bail!("--device cpu has no device model: pass --device cuda");
+        };
+        let path = self.model_path()?;
+        let tok_path = self.resolve(&self.tokenizer, DEFAULT_TOKENIZER, "tokenizer")?;
+        let device = Device::new_cuda(n).with_context(|| {
+            format!("opening CUDA device {n} (is this a build with --features cuda?)")
+        })?;
+        let opts = DeviceOptions {
+            device,
+            dtype: self.dtype.into(),
+        };
+        let model = DeviceGemma3::load(&path, opts)
+            .with_context(|| format!("loading {} onto cuda:{n}", display(&path)))?;
+        Ok((model, GemmaTokenizer::from_file(&tok_path)?))
     }
 
     /// How the target runs, for reports: `cpu exact`, `cuda:0 f32`, ...
@@ -192,14 +202,9 @@ impl ModelArgs {
         }
     }
 
-    /// Loads the Gemma 3 target model and its tokenizer.
+    /// Loads the Gemma 3 target on the CPU kernels (whatever `--device` says) and its
+    /// tokenizer.
     pub fn load(&self) -> Result<(Gemma3, GemmaTokenizer)> {
-        if self.device != DeviceArg::Cpu {
-            bail!(
-                "--device {} is not supported here: this command runs the target on the CPU",
-                self.device
-            );
-        }
         let model_path = self.model_path()?;
         let tok_path = self.resolve(&self.tokenizer, DEFAULT_TOKENIZER, "tokenizer")?;
         let opts = LoadOptions {

@@ -1,10 +1,11 @@
 //! Training samples made by the target itself: a prompt, its greedy continuation, the
 //! hidden-state taps of every position a drafter may see as context, and the target's
 //! next-token distribution (kept sparse: its most likely ids) at every continuation
-//! position, all from the same batch-invariant `Gemma3::forward` the verifier runs.
+//! position, from the target's forward on the CPU kernels (the batch-invariant one the
+//! verifier runs on a CPU) or on a GPU (any [`Gemma3Model`]).
 
 use rayon::prelude::*;
-use tandem_gemma::{ForwardOptions, Gemma3, LogitsMode};
+use tandem_gemma::{ForwardOptions, Gemma3Model, LogitsMode};
 
 use crate::error::{Result, TrainError};
 
@@ -64,7 +65,7 @@ impl Sample {
 }
 
 /// The sample of `prompt`: [`forced`] or [`generate`]d, as `cfg` says.
-pub fn sample(model: &Gemma3, prompt: &[u32], cfg: &TeacherConfig) -> Result<Sample> {
+pub fn sample<M: Gemma3Model>(model: &M, prompt: &[u32], cfg: &TeacherConfig) -> Result<Sample> {
     match cfg.forced {
         true => forced(model, prompt, cfg),
         false => generate(model, prompt, cfg),
@@ -74,7 +75,7 @@ pub fn sample(model: &Gemma3, prompt: &[u32], cfg: &TeacherConfig) -> Result<Sam
 /// Scores `text` (prompt then `cfg.continuation_tokens` of continuation) with one target
 /// forward, recording the taps of every position and the distributions of the
 /// continuation positions.
-pub fn forced(model: &Gemma3, text: &[u32], cfg: &TeacherConfig) -> Result<Sample> {
+pub fn forced<M: Gemma3Model>(model: &M, text: &[u32], cfg: &TeacherConfig) -> Result<Sample> {
     let c = cfg.continuation_tokens;
     if c < 2 || text.len() <= c {
         return Err(TrainError::Invalid(format!(
@@ -115,7 +116,7 @@ pub fn forced(model: &Gemma3, text: &[u32], cfg: &TeacherConfig) -> Result<Sampl
 }
 
 /// Runs the target greedily after `prompt`, recording taps and distributions.
-pub fn generate(model: &Gemma3, prompt: &[u32], cfg: &TeacherConfig) -> Result<Sample> {
+pub fn generate<M: Gemma3Model>(model: &M, prompt: &[u32], cfg: &TeacherConfig) -> Result<Sample> {
     if prompt.is_empty() || cfg.continuation_tokens < 2 {
         return Err(TrainError::Invalid(
             "a sample needs a prompt and at least 2 continuation tokens".into(),
@@ -243,7 +244,7 @@ impl Pool {
     /// Generates the samples of `indices` that are missing, in parallel (each is a
     /// function of its prompt alone, so the order cannot matter); returns how many it
     /// made.
-    pub fn ensure(&mut self, model: &Gemma3, indices: &[usize]) -> Result<usize> {
+    pub fn ensure<M: Gemma3Model>(&mut self, model: &M, indices: &[usize]) -> Result<usize> {
         let mut missing = Vec::new();
         for &i in indices {
             match self.samples.get(i) {

@@ -12,7 +12,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use serde::Serialize;
 use tandem_dspark::Dspark;
-use tandem_gemma::{Gemma3, TargetHead};
+use tandem_gemma::{Gemma3Model, TargetHead};
 
 use crate::batch::{anchor_range, random_anchors, Anchor, BatchMaker};
 use crate::checkpoint::{self, TrainState};
@@ -97,9 +97,10 @@ pub enum Event<'a> {
     Checkpoint(&'a Path),
 }
 
-/// Trains one drafter against one target.
-pub struct Trainer<'m> {
-    model: &'m Gemma3,
+/// Trains one drafter against one target (on the CPU kernels or a GPU: the teacher's
+/// forward is any [`Gemma3Model`]; the drafter trains on the CPU).
+pub struct Trainer<'m, M: Gemma3Model> {
+    model: &'m M,
     head: TargetHead,
     drafter: Dspark,
     head_rows: Tensor,
@@ -110,10 +111,10 @@ pub struct Trainer<'m> {
     step: usize,
 }
 
-impl<'m> Trainer<'m> {
+impl<'m, M: Gemma3Model> Trainer<'m, M> {
     /// A trainer for a fresh `drafter`, or one restored from `resume` (a checkpoint folder).
     pub fn new(
-        model: &'m Gemma3,
+        model: &'m M,
         drafter: Dspark,
         (train, held_out): (Pool, Pool),
         cfg: TrainConfig,

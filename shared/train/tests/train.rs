@@ -1,12 +1,15 @@
 //! The trainer on a tiny random target: it lowers the training loss and the held-out
 //! total variation, a run resumed from a checkpoint repeats the uninterrupted run's losses,
-//! and teacher forcing a generated text reproduces its sample bit for bit.
+//! teacher forcing a generated text reproduces its sample bit for bit, and a teacher on the
+//! candle-device forward makes the samples the CPU kernels make.
 
 mod common;
 
+use candle_core::{DType, Device};
 use common::*;
+use tandem_gemma::{DeviceGemma3, DeviceOptions};
 use tandem_train::batch::frequent_ids;
-use tandem_train::teacher::{forced, TeacherConfig};
+use tandem_train::teacher::{forced, Pool, TeacherConfig};
 use tandem_train::{Event, Trainer};
 
 #[test]
@@ -132,4 +135,33 @@ fn teacher_forcing_a_generated_text_reproduces_its_sample() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&scored.rows), bits(&generated.rows));
     assert!(forced(&model, &generated.tokens[..16], &cfg).is_err());
+}
+
+/// The teacher's forward on `DeviceGemma3` (here candle's CPU backend in f32, as it would
+/// run on a GPU) gives the samples of the CPU kernels: the same continuations and kept ids,
+/// taps and probabilities within float noise.
+#[test]
+fn a_device_teacher_makes_the_samples_of_the_cpu_kernels() {
+    let (dir, model) = tiny_target();
+    let opts = DeviceOptions {
+        device: Device::Cpu,
+        dtype: DType::F32,
+    };
+    let device = DeviceGemma3::load(dir.path(), opts).expect("device target");
+    let (mut on_cpu, _) = pools(6, 0);
+    let mut on_device = Pool::new(on_cpu.prompts().to_vec(), teacher());
+    let all: Vec<usize> = (0..on_cpu.len()).collect();
+    assert_eq!(on_cpu.ensure(&model, &all).expect("cpu samples"), 6);
+    assert_eq!(on_device.ensure(&device, &all).expect("device samples"), 6);
+    for (a, b) in on_cpu.generated().iter().zip(on_device.generated()) {
+        assert_eq!(a.tokens, b.tokens);
+        assert_eq!(a.rows.len(), b.rows.len());
+        let rows = a.rows.iter().zip(&b.rows).map(|(x, y)| (x - y).abs());
+        assert!(rows.fold(0f32, f32::max) < 1e-4);
+        for (p, q) in a.dists.iter().zip(&b.dists) {
+            assert_eq!(p.ids, q.ids);
+            let probs = p.probs.iter().zip(&q.probs).map(|(x, y)| (x - y).abs());
+            assert!(probs.fold(0f32, f32::max) < 1e-5);
+        }
+    }
 }
