@@ -13,6 +13,7 @@
 //! greedy output can part from plain decoding at near-ties.
 
 use std::path::Path;
+use std::sync::{Mutex, PoisonError};
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::ops::{rms_norm, softmax_last_dim};
@@ -64,6 +65,10 @@ pub struct DeviceGemma3 {
     lm_head: Tensor,
     rope_local: Rope,
     rope_global: Rope,
+    /// Held for the whole of a forward: forwards from several threads on one CUDA stream
+    /// only interleave their launches and synchronisations (measured on the H200: 16
+    /// teacher threads together made 108 tok/s, one sequence alone 217-289 tok/s).
+    turn: Mutex<()>,
 }
 
 /// The KV cache of one sequence on a device: per layer `[1, capacity, kv_heads, head_dim]`
@@ -185,6 +190,7 @@ impl DeviceGemma3 {
             layers,
             cfg,
             opts,
+            turn: Mutex::new(()),
         })
     }
 
@@ -232,6 +238,8 @@ impl DeviceGemma3 {
         opts: &ForwardOptions,
     ) -> Result<ForwardOutput> {
         self.check(tokens, pos, cache, opts)?;
+        // The lock guards no data, so a forward that panicked leaves nothing to distrust.
+        let _turn = self.turn.lock().unwrap_or_else(PoisonError::into_inner);
         let result = self.forward_chunks(tokens, pos, cache, opts);
         if result.is_err() {
             cache.len = pos;
