@@ -93,8 +93,9 @@ impl ProposerSession for DsparkSession {
                 self.cache.len()
             )));
         }
-        let (drafter, cache) = (&self.drafter, &mut self.cache);
-        on_pool(|| drafter.extend(cache, &rows.data)).map_err(to_propose_error)
+        self.drafter
+            .extend(&mut self.cache, &rows.data)
+            .map_err(to_propose_error)
     }
 
     fn propose(&mut self, req: &ProposeRequest) -> std::result::Result<DraftBlock, ProposeError> {
@@ -109,13 +110,8 @@ impl ProposerSession for DsparkSession {
             anchor: req.anchor,
             gamma: req.gamma,
         };
-        let (drafter, cache, sampler) = (&self.drafter, &self.cache, &mut self.sampler);
-        on_pool(|| drafter.draft(cache, &draft, sampler)).map_err(to_propose_error)
+        self.drafter
+            .draft(&self.cache, &draft, &mut self.sampler)
+            .map_err(to_propose_error)
     }
-}
-
-/// Runs `f` on a worker of the rayon pool, so that the matmuls inside start from an awake
-/// thread instead of waking the pool from outside for each one (as the Gemma forward does).
-fn on_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    rayon::scope(|_| f())
 }

@@ -3,8 +3,8 @@
 //! positions, and checking every drafted block before the round trusts it.
 //!
 //! Committed rows are held back until the proposer next drafts and then sent in one
-//! `extend`: rounds that do not draft (an adaptive γ of 0) cost the proposer nothing, and
-//! several rounds' rows cost one call.
+//! `extend` (the prompt's go at once, after the prefill): rounds that do not draft (an
+//! adaptive γ of 0) cost the proposer nothing, and several rounds' rows cost one call.
 
 use tandem_core::{
     DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams,
@@ -90,7 +90,20 @@ impl Drafting {
         Ok(())
     }
 
-    /// Asks for `gamma` tokens after `anchor` at `position` and checks the answer.
+    /// Sends the queued rows to the session now.
+    pub(crate) fn flush(&mut self) -> std::result::Result<(), ProposeError> {
+        if self.pending.data.is_empty() {
+            return Ok(());
+        }
+        let rows = SnapshotRows {
+            data: std::mem::take(&mut self.pending.data),
+            ..self.pending
+        };
+        self.session.extend(&rows)
+    }
+
+    /// Asks for `gamma` tokens after `anchor` at `position` (after sending the queued
+    /// rows) and checks the answer.
     pub(crate) fn propose(
         &mut self,
         anchor: u32,
@@ -103,13 +116,7 @@ impl Drafting {
             position,
             gamma,
         };
-        if !self.pending.data.is_empty() {
-            let rows = SnapshotRows {
-                data: std::mem::take(&mut self.pending.data),
-                ..self.pending
-            };
-            self.session.extend(&rows)?;
-        }
+        self.flush()?;
         let block = self.session.propose(&req)?;
         check_block(&block, gamma, vocab, self.greedy)?;
         Ok(block)

@@ -221,6 +221,11 @@ impl<'e> Generation<'e> {
         let out = self.forward(&self.req.prompt, 0, LogitsMode::Last)?;
         self.timing.prefill_s = t0.elapsed().as_secs_f64();
         self.send_rows(&out, 0, self.req.prompt.len())?;
+        // The prompt's rows go now, outside every round's timing: in the first round's
+        // drafting time they would make a long prompt look like an expensive drafter.
+        if let Some(Err(e)) = self.drafting.as_mut().map(Drafting::flush) {
+            self.drop_drafting(&e);
+        }
         let verdict = self.verify(&out, &DraftBlock::default())?;
         Ok(verdict.next)
     }
