@@ -9,10 +9,52 @@ use crate::head::TargetHead;
 use crate::kv_cache::KvCache;
 use crate::model::{ForwardOptions, ForwardOutput, Gemma3};
 
+/// The rollback-able KV cache of one sequence.
+pub trait SequenceCache: Send {
+    /// Committed positions.
+    fn len(&self) -> usize;
+    /// Whether no position is committed.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The most positions the cache may hold.
+    fn max_len(&self) -> usize;
+    /// Rolls back to the first `len` positions.
+    fn truncate(&mut self, len: usize) -> Result<()>;
+}
+
+impl SequenceCache for KvCache {
+    fn len(&self) -> usize {
+        KvCache::len(self)
+    }
+
+    fn max_len(&self) -> usize {
+        KvCache::max_len(self)
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        KvCache::truncate(self, len)
+    }
+}
+
+impl SequenceCache for DeviceCache {
+    fn len(&self) -> usize {
+        DeviceCache::len(self)
+    }
+
+    fn max_len(&self) -> usize {
+        DeviceCache::max_len(self)
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        DeviceCache::truncate(self, len)
+    }
+}
+
 /// A Gemma 3 text model with a caller-owned KV cache.
 pub trait Gemma3Model: Send + Sync {
     /// The KV cache of one sequence.
-    type Cache: Send;
+    type Cache: SequenceCache;
 
     /// The model's configuration.
     fn config(&self) -> &GemmaConfig;

@@ -27,7 +27,7 @@ pub use config::{GemmaConfig, RopeScaling};
 pub use convert::{export_hf, hf_config_json};
 pub use device::{DeviceCache, DeviceGemma3, DeviceOptions};
 pub use error::{GemmaError, Result};
-pub use forward::Gemma3Model;
+pub use forward::{Gemma3Model, SequenceCache};
 pub use head::{RestrictedHead, TargetHead, TargetIdentity};
 pub use kv_cache::KvCache;
 pub use loader::verify_sha256;

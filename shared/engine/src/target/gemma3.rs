@@ -1,46 +1,57 @@
-//! [`Target`] for Gemma 3: snapshot rows are hidden-state taps of any layer (DSpark's
-//! snapshot), interleaved per row in the spec's order.
+//! [`Target`] for Gemma 3, on the CPU kernels or a candle device: snapshot rows are
+//! hidden-state taps of any layer (DSpark's snapshot), interleaved per row in the spec's
+//! order.
 
 use candle_core::Tensor;
 use tandem_core::{SnapshotPart, SnapshotSpec, SnapshotSupport};
 use tandem_gemma::{
-    ForwardOptions, Gemma3, GemmaConfig, KvCache, LogitsMode, TargetHead, TargetIdentity,
+    DeviceGemma3, ForwardOptions, Gemma3, Gemma3Model, GemmaConfig, KvCache, LogitsMode,
+    SequenceCache, TargetHead, TargetIdentity,
 };
 
 use super::{Target, TargetFacts, TargetSequence, TargetStep};
 use crate::error::{EngineError, Result};
 
-impl Target for Gemma3 {
-    fn facts(&self) -> TargetFacts {
-        facts(self.config())
-    }
+/// `impl Target` for a [`Gemma3Model`]: the CPU kernels ([`Gemma3`]) or a candle device
+/// ([`DeviceGemma3`], e.g. a CUDA GPU), alike but for where the weights and cache live.
+macro_rules! gemma3_target {
+    ($model:ty) => {
+        impl Target for $model {
+            fn facts(&self) -> TargetFacts {
+                facts(Gemma3Model::config(self))
+            }
 
-    fn identity(&self) -> Result<TargetIdentity> {
-        Ok(self.head().identity()?)
-    }
+            fn identity(&self) -> Result<TargetIdentity> {
+                Ok(Gemma3Model::head(self).identity()?)
+            }
 
-    fn snapshot_support(&self) -> SnapshotSupport {
-        tap_support(self.config())
-    }
+            fn snapshot_support(&self) -> SnapshotSupport {
+                tap_support(Gemma3Model::config(self))
+            }
 
-    fn head(&self) -> Option<TargetHead> {
-        Some(Gemma3::head(self))
-    }
+            fn head(&self) -> Option<TargetHead> {
+                Some(Gemma3Model::head(self))
+            }
 
-    fn start(&self, max_len: usize) -> Box<dyn TargetSequence + '_> {
-        Box::new(Sequence {
-            model: self,
-            cache: self.new_cache(max_len),
-        })
-    }
+            fn start(&self, max_len: usize) -> Box<dyn TargetSequence + '_> {
+                Box::new(Sequence {
+                    model: self,
+                    cache: Gemma3Model::new_cache(self, max_len),
+                })
+            }
+        }
+    };
 }
 
-struct Sequence<'m> {
-    model: &'m Gemma3,
-    cache: KvCache,
+gemma3_target!(Gemma3);
+gemma3_target!(DeviceGemma3);
+
+struct Sequence<'m, M: Gemma3Model> {
+    model: &'m M,
+    cache: M::Cache,
 }
 
-impl TargetSequence for Sequence<'_> {
+impl<M: Gemma3Model> TargetSequence for Sequence<'_, M> {
     fn forward(
         &mut self,
         tokens: &[u32],
@@ -71,7 +82,7 @@ impl TargetSequence for Sequence<'_> {
 
 /// The forward options that produce `logits` and the taps of `spec` (a Gemma 3 snapshot
 /// holds only taps).
-pub(super) fn forward_options(logits: LogitsMode, spec: &SnapshotSpec) -> Result<ForwardOptions> {
+fn forward_options(logits: LogitsMode, spec: &SnapshotSpec) -> Result<ForwardOptions> {
     let taps = spec
         .parts
         .iter()
@@ -86,7 +97,7 @@ pub(super) fn forward_options(logits: LogitsMode, spec: &SnapshotSpec) -> Result
 }
 
 /// The snapshot support of a Gemma 3 of `cfg`: taps of any layer.
-pub(super) fn tap_support(cfg: &GemmaConfig) -> SnapshotSupport {
+fn tap_support(cfg: &GemmaConfig) -> SnapshotSupport {
     SnapshotSupport {
         layers: cfg.num_hidden_layers,
         hidden: cfg.hidden_size,
@@ -96,7 +107,7 @@ pub(super) fn tap_support(cfg: &GemmaConfig) -> SnapshotSupport {
 }
 
 /// The facts of a Gemma 3 of `cfg`.
-pub(super) fn facts(cfg: &GemmaConfig) -> TargetFacts {
+fn facts(cfg: &GemmaConfig) -> TargetFacts {
     TargetFacts {
         vocab_size: cfg.vocab_size,
         num_layers: cfg.num_hidden_layers,
@@ -107,7 +118,7 @@ pub(super) fn facts(cfg: &GemmaConfig) -> TargetFacts {
 }
 
 /// Interleaves `[rows, width]` taps into rows: row `r` is `[tap0[r]; tap1[r]; …]`.
-pub(super) fn interleave(taps: &[Tensor], rows: usize) -> Result<Vec<f32>> {
+fn interleave(taps: &[Tensor], rows: usize) -> Result<Vec<f32>> {
     let taps: Vec<Vec<f32>> = taps
         .iter()
         .map(|t| t.flatten_all()?.to_vec1::<f32>())

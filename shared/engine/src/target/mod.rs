@@ -5,7 +5,6 @@
 //! candle device ([`tandem_gemma::DeviceGemma3`]) and Gemma 4 text
 //! ([`tandem_gemma::gemma4::Gemma4`]).
 
-mod device;
 mod gemma3;
 mod gemma4;
 
