@@ -155,24 +155,22 @@ impl ModelArgs {
     }
 
     /// Loads the target (Gemma 4 when `--model` is an HF directory whose config says
-    /// `gemma4*`, Gemma 3 otherwise) and its tokenizer.
+    /// `gemma4*`, Gemma 3 otherwise, on `--device`) and its tokenizer.
     pub fn load_target(&self) -> Result<(Arc<dyn Target>, GemmaTokenizer)> {
         let path = self.model_path()?;
         let gemma4 = path.is_dir() && model_type(&path)?.is_some_and(|t| t.starts_with("gemma4"));
-        let tok_path = self.resolve(&self.tokenizer, DEFAULT_TOKENIZER, "tokenizer")?;
+        let tok = self.load_tokenizer()?;
         let target: Arc<dyn Target> = match (self.device, gemma4) {
-            (DeviceArg::Cpu, false) => return self.load().map(|(m, t)| (Arc::new(m) as _, t)),
+            (DeviceArg::Cpu, false) => Arc::new(self.gemma3_at(&path)?),
             (DeviceArg::Cpu, true) => {
                 let model =
                     Gemma4::load(&path).with_context(|| format!("loading {}", display(&path)))?;
                 Arc::new(Gemma4Target::new(Arc::new(model))?)
             }
             (DeviceArg::Cuda(_), true) => bail!("Gemma 4 targets run on the CPU only"),
-            (DeviceArg::Cuda(_), false) => {
-                return self.load_device().map(|(m, t)| (Arc::new(m) as _, t))
-            }
+            (DeviceArg::Cuda(n), false) => Arc::new(self.device_gemma3_at(&path, n)?),
         };
-        Ok((target, GemmaTokenizer::from_file(&tok_path)?))
+        Ok((target, tok))
     }
 
     /// Loads the Gemma 3 target onto the `--device` GPU, and its tokenizer.
@@ -180,8 +178,32 @@ impl ModelArgs {
         let DeviceArg::Cuda(n) = self.device else {
             bail!("--device cpu has no device model: pass --device cuda");
         };
-        let path = self.model_path()?;
-        let tok_path = self.resolve(&self.tokenizer, DEFAULT_TOKENIZER, "tokenizer")?;
+        let (path, tok) = (self.model_path()?, self.load_tokenizer()?);
+        Ok((self.device_gemma3_at(&path, n)?, tok))
+    }
+
+    /// Loads the Gemma 3 target on the CPU kernels (whatever `--device` says) and its
+    /// tokenizer.
+    pub fn load(&self) -> Result<(Gemma3, GemmaTokenizer)> {
+        let (path, tok) = (self.model_path()?, self.load_tokenizer()?);
+        Ok((self.gemma3_at(&path)?, tok))
+    }
+
+    fn load_tokenizer(&self) -> Result<GemmaTokenizer> {
+        let path = self.resolve(&self.tokenizer, DEFAULT_TOKENIZER, "tokenizer")?;
+        Ok(GemmaTokenizer::from_file(&path)?)
+    }
+
+    /// The Gemma 3 at the checked `path` on the CPU kernels.
+    fn gemma3_at(&self, path: &Path) -> Result<Gemma3> {
+        let opts = LoadOptions {
+            precision: self.precision.into(),
+        };
+        Gemma3::load_with(path, &opts).with_context(|| format!("loading {}", display(path)))
+    }
+
+    /// The Gemma 3 at the checked `path` on CUDA device `n`.
+    fn device_gemma3_at(&self, path: &Path, n: usize) -> Result<DeviceGemma3> {
         let device = Device::new_cuda(n).with_context(|| {
             format!("opening CUDA device {n} (is this a build with --features cuda?)")
         })?;
@@ -189,9 +211,8 @@ impl ModelArgs {
             device,
             dtype: self.dtype.into(),
         };
-        let model = DeviceGemma3::load(&path, opts)
-            .with_context(|| format!("loading {} onto cuda:{n}", display(&path)))?;
-        Ok((model, GemmaTokenizer::from_file(&tok_path)?))
+        DeviceGemma3::load(path, opts)
+            .with_context(|| format!("loading {} onto cuda:{n}", display(path)))
     }
 
     /// How the target runs, for reports: `cpu exact`, `cuda:0 f32`, ...
@@ -200,20 +221,6 @@ impl ModelArgs {
             DeviceArg::Cpu => format!("cpu {:?}", self.precision).to_lowercase(),
             DeviceArg::Cuda(_) => format!("{} {:?}", self.device, self.dtype).to_lowercase(),
         }
-    }
-
-    /// Loads the Gemma 3 target on the CPU kernels (whatever `--device` says) and its
-    /// tokenizer.
-    pub fn load(&self) -> Result<(Gemma3, GemmaTokenizer)> {
-        let model_path = self.model_path()?;
-        let tok_path = self.resolve(&self.tokenizer, DEFAULT_TOKENIZER, "tokenizer")?;
-        let opts = LoadOptions {
-            precision: self.precision.into(),
-        };
-        let model = Gemma3::load_with(&model_path, &opts)
-            .with_context(|| format!("loading {}", display(&model_path)))?;
-        let tok = GemmaTokenizer::from_file(&tok_path)?;
-        Ok((model, tok))
     }
 }
 
