@@ -71,9 +71,9 @@ pub struct DeviceGemma3 {
     turn: Mutex<()>,
 }
 
-/// The KV cache of one sequence on a device: per layer `[1, capacity, kv_heads, head_dim]`
-/// keys and values (position-major, as the forward produces them), of which the first
-/// [`DeviceCache::len`] positions are committed.
+/// The KV cache of one sequence, or of a batch of sequences advanced together, on a device:
+/// per layer `[batch, capacity, kv_heads, head_dim]` keys and values (position-major, as the
+/// forward produces them), of which the first [`DeviceCache::len`] positions are committed.
 pub struct DeviceCache {
     /// Per layer (empty until the first forward).
     k: Vec<Tensor>,
@@ -81,6 +81,7 @@ pub struct DeviceCache {
     len: usize,
     capacity: usize,
     max_len: usize,
+    batch: usize,
     /// `(layers, kv_heads, head_dim)`.
     dims: (usize, usize, usize),
     dtype: DType,
@@ -109,6 +110,11 @@ impl DeviceCache {
         self.max_len
     }
 
+    /// Sequences it holds.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
     /// Rolls back to the first `len` positions.
     pub fn truncate(&mut self, len: usize) -> Result<()> {
         if len > self.len {
@@ -131,7 +137,8 @@ impl DeviceCache {
             .max(FIRST_CAPACITY)
             .min(self.max_len);
         let (layers, heads, hd) = self.dims;
-        let zeros = || Tensor::zeros((1, capacity, heads, hd), self.dtype, &self.device);
+        let shape = (self.batch, capacity, heads, hd);
+        let zeros = || Tensor::zeros(shape, self.dtype, &self.device);
         if self.k.is_empty() {
             self.k = (0..layers)
                 .map(|_| zeros())
@@ -212,8 +219,14 @@ impl DeviceGemma3 {
     /// A fresh KV cache for one sequence of at most `max_len` positions (allocated as it
     /// grows).
     pub fn new_cache(&self, max_len: usize) -> DeviceCache {
+        self.new_batch_cache(1, max_len)
+    }
+
+    /// A fresh KV cache for `batch` sequences advanced together (see [`Self::forward`]).
+    pub fn new_batch_cache(&self, batch: usize, max_len: usize) -> DeviceCache {
         let cfg = &self.cfg;
         DeviceCache {
+            batch: batch.max(1),
             k: Vec::new(),
             v: Vec::new(),
             len: 0,
@@ -230,6 +243,10 @@ impl DeviceGemma3 {
     /// caller can reduce them there; taps and the last hidden rows come back as f32 CPU
     /// tensors, as [`crate::Gemma3::forward`] returns them (their copy waits for the
     /// whole forward).
+    ///
+    /// A cache of `b` sequences takes `b` blocks of `m` tokens, sequence-major, all at the
+    /// same positions; every output then has its rows sequence-major too (`b` rows of
+    /// logits with [`LogitsMode::Last`]).
     pub fn forward(
         &self,
         tokens: &[u32],
@@ -256,14 +273,29 @@ impl DeviceGemma3 {
         cache: &mut DeviceCache,
         opts: &ForwardOptions,
     ) -> Result<ForwardOutput> {
-        cache.reserve(pos + tokens.len())?;
-        let chunks = tokens.len().div_ceil(MAX_CHUNK);
+        let b = cache.batch;
+        let m = tokens.len() / b;
+        cache.reserve(pos + m)?;
+        let chunks = m.div_ceil(MAX_CHUNK);
         let (mut normed, mut taps, mut logits) = (Vec::new(), Vec::new(), Vec::new());
-        for (c, chunk) in tokens.chunks(MAX_CHUNK).enumerate() {
-            let (n, t) = self.forward_chunk(chunk, pos + c * MAX_CHUNK, cache, &opts.taps)?;
+        for c in 0..chunks {
+            let span = c * MAX_CHUNK..m.min((c + 1) * MAX_CHUNK);
+            let chunk: Vec<u32> = tokens
+                .chunks_exact(m)
+                .flat_map(|seq| &seq[span.clone()])
+                .copied()
+                .collect();
+            let (n, t) = self.forward_chunk(&chunk, b, span.start + pos, cache, &opts.taps)?;
             let rows = match opts.logits {
                 LogitsMode::All => Some(n.clone()),
-                LogitsMode::Last if c + 1 == chunks => Some(n.narrow(0, chunk.len() - 1, 1)?),
+                LogitsMode::Last if c + 1 == chunks => {
+                    let (mc, h) = (span.len(), self.cfg.hidden_size);
+                    Some(
+                        n.reshape((b, mc, h))?
+                            .narrow(1, mc - 1, 1)?
+                            .reshape((b, h))?,
+                    )
+                }
                 _ => None,
             };
             if let Some(rows) = rows {
@@ -273,7 +305,7 @@ impl DeviceGemma3 {
             taps.push(t);
         }
         let host = |parts: &[Tensor]| -> Result<Tensor> {
-            let t = Tensor::cat(parts, 0)?.to_dtype(DType::F32)?;
+            let t = sequence_major(parts, b)?.to_dtype(DType::F32)?;
             Ok(t.to_device(&Device::Cpu)?)
         };
         let taps = (0..opts.taps.len())
@@ -281,28 +313,31 @@ impl DeviceGemma3 {
             .collect::<Result<Vec<_>>>()?;
         Ok(ForwardOutput {
             logits: (!logits.is_empty())
-                .then(|| Tensor::cat(&logits, 0))
+                .then(|| sequence_major(&logits, b))
                 .transpose()?,
             taps,
             last_hidden: host(&normed)?,
         })
     }
 
-    /// One chunk at `pos`: its final-norm rows and the requested taps, on the device.
+    /// One chunk of `b` sequences at `pos` (`tokens` sequence-major): its final-norm rows
+    /// and the requested taps, on the device.
     fn forward_chunk(
         &self,
         tokens: &[u32],
+        b: usize,
         pos: usize,
         cache: &mut DeviceCache,
         tap_layers: &[usize],
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        let (m, h) = (tokens.len(), self.cfg.hidden_size);
-        let mut rows = vec![0f32; m * h];
+        let (rows_n, h) = (tokens.len(), self.cfg.hidden_size);
+        let m = rows_n / b;
+        let mut rows = vec![0f32; rows_n * h];
         for (row, t) in rows.chunks_exact_mut(h).zip(tokens) {
             self.head.embed_into(*t, row)?;
         }
-        let mut x = self.upload(rows, (m, h))?;
-        let ctx = Context::new(self, pos, m)?;
+        let mut x = self.upload(rows, (rows_n, h))?;
+        let ctx = Context::new(self, pos, m, b)?;
         let mut taps: Vec<Option<Tensor>> = vec![None; tap_layers.len()];
         for (i, layer) in self.layers.iter().enumerate() {
             x = self.layer(layer, &x, &ctx, cache, i)?;
@@ -331,15 +366,23 @@ impl DeviceGemma3 {
         if tokens.is_empty() {
             return Err(GemmaError::Request("empty block".into()));
         }
+        if !tokens.len().is_multiple_of(cache.batch) {
+            return Err(GemmaError::Request(format!(
+                "{} tokens do not split into {} equal blocks",
+                tokens.len(),
+                cache.batch
+            )));
+        }
         if pos != cache.len {
             return Err(GemmaError::Request(format!(
                 "block starts at position {pos} but the cache holds {}",
                 cache.len
             )));
         }
-        if pos + tokens.len() > cache.max_len {
+        let m = tokens.len() / cache.batch;
+        if pos + m > cache.max_len {
             return Err(GemmaError::ContextFull {
-                needed: pos + tokens.len(),
+                needed: pos + m,
                 capacity: cache.max_len,
             });
         }
@@ -376,7 +419,8 @@ impl DeviceGemma3 {
     ) -> Result<Tensor> {
         let cfg = &self.cfg;
         let eps = cfg.rms_norm_eps as f32;
-        let (m, nh, nkv, hd) = (
+        let (b, m, nh, nkv, hd) = (
+            ctx.b,
             ctx.m,
             cfg.num_attention_heads,
             cfg.num_key_value_heads,
@@ -385,13 +429,13 @@ impl DeviceGemma3 {
         let qkv = rms_norm(x, &l.attn_norm, eps)?.matmul(&l.qkv.t()?)?;
         let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
         let (cos, sin) = if l.sliding { &ctx.local } else { &ctx.global };
-        let q = qkv.narrow(1, 0, q_dim)?.reshape((1, m, nh, hd))?;
+        let q = qkv.narrow(1, 0, q_dim)?.reshape((b, m, nh, hd))?;
         let q = rope_thd(&rms_norm(&q, &l.q_norm, eps)?, cos, sin)?;
-        let k = qkv.narrow(1, q_dim, kv_dim)?.reshape((1, m, nkv, hd))?;
+        let k = qkv.narrow(1, q_dim, kv_dim)?.reshape((b, m, nkv, hd))?;
         let k = rope_thd(&rms_norm(&k, &l.k_norm, eps)?, cos, sin)?;
         let v = qkv
             .narrow(1, q_dim + kv_dim, kv_dim)?
-            .reshape((1, m, nkv, hd))?;
+            .reshape((b, m, nkv, hd))?;
         let pos = ctx.pos;
         cache.k[idx].slice_set(&k, 1, pos)?;
         cache.v[idx].slice_set(&v, 1, pos)?;
@@ -413,8 +457,8 @@ impl DeviceGemma3 {
         Ok((x + down)?)
     }
 
-    /// Grouped-query attention of `q` (`[1, m, heads, hd]`, already scaled) over
-    /// `keys`/`values` (`[1, len, kv_heads, hd]`); returns `[m, heads * hd]`.
+    /// Grouped-query attention of `q` (`[b, m, heads, hd]`, already scaled) over
+    /// `keys`/`values` (`[b, len, kv_heads, hd]`); returns `[b * m, heads * hd]`.
     ///
     /// The rows of one key head are its query heads at every position, position-major, so
     /// that with one key head (Gemma 3 270M) no operand is copied.
@@ -425,11 +469,11 @@ impl DeviceGemma3 {
         values: &Tensor,
         mask: &Option<Tensor>,
     ) -> Result<Tensor> {
-        let (_, m, nh, hd) = q.dims4()?;
+        let (b, m, nh, hd) = q.dims4()?;
         let nkv = keys.dim(2)?;
         let g = nh / nkv;
         let by_head = |t: &Tensor| t.transpose(1, 2)?.contiguous();
-        let q = by_head(&q.reshape((1, m, nkv, g * hd))?)?.reshape((1, nkv, m * g, hd))?;
+        let q = by_head(&q.reshape((b, m, nkv, g * hd))?)?.reshape((b, nkv, m * g, hd))?;
         let mut scores = q.matmul(&by_head(keys)?.t()?)?.to_dtype(DType::F32)?;
         if let Some(cap) = self.cfg.attn_logit_softcapping {
             scores = ((scores / cap)?.tanh()? * cap)?;
@@ -438,9 +482,27 @@ impl DeviceGemma3 {
             scores = scores.broadcast_add(mask)?;
         }
         let p = softmax_last_dim(&scores)?.to_dtype(self.opts.dtype)?;
-        let out = p.matmul(&by_head(values)?)?.reshape((1, nkv, m, g * hd))?;
-        Ok(out.transpose(1, 2)?.reshape((m, nh * hd))?)
+        let out = p.matmul(&by_head(values)?)?.reshape((b, nkv, m, g * hd))?;
+        Ok(out.transpose(1, 2)?.reshape((b * m, nh * hd))?)
     }
+}
+
+/// Joins per-chunk outputs of `b` sequences (each `[b * m_c, x]`, sequence-major) into one
+/// `[b * m, x]` tensor, sequence-major.
+fn sequence_major(parts: &[Tensor], b: usize) -> Result<Tensor> {
+    if b == 1 {
+        return Ok(Tensor::cat(parts, 0)?);
+    }
+    let per_seq = parts
+        .iter()
+        .map(|p| {
+            let (rows, x) = p.dims2()?;
+            p.reshape((b, rows / b, x))
+        })
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let joined = Tensor::cat(&per_seq, 1)?;
+    let (_, m, x) = joined.dims3()?;
+    Ok(joined.reshape((b * m, x))?)
 }
 
 /// Moves a model's tensors from its source onto the device, dequantized to its dtype.
@@ -500,6 +562,8 @@ impl Loader<'_> {
 struct Context {
     pos: usize,
     m: usize,
+    /// Sequences.
+    b: usize,
     local: (Tensor, Tensor),
     global: (Tensor, Tensor),
     /// `[m * heads / kv_heads, pos + m]` additive masks, rows position-major (`None`: every
@@ -509,7 +573,7 @@ struct Context {
 }
 
 impl Context {
-    fn new(model: &DeviceGemma3, pos: usize, m: usize) -> Result<Self> {
+    fn new(model: &DeviceGemma3, pos: usize, m: usize, b: usize) -> Result<Self> {
         let tables = |rope: &Rope| -> Result<(Tensor, Tensor)> {
             let (mut cos, mut sin) = (Vec::new(), Vec::new());
             for p in pos..pos + m {
@@ -546,6 +610,7 @@ impl Context {
         Ok(Self {
             pos,
             m,
+            b,
             local: tables(&model.rope_local)?,
             global: tables(&model.rope_global)?,
             local_mask: mask(Some(model.cfg.sliding_window))?,

@@ -1,10 +1,13 @@
 //! One interface over the two Gemma 3 forwards — the CPU kernels ([`Gemma3`]) and a candle
 //! device ([`DeviceGemma3`]) — for code that runs either with its own cache, such as the
-//! drafter trainer's teacher.
+//! drafter trainer's teacher, which also advances several sequences together.
+
+use candle_core::Tensor;
+use rayon::prelude::*;
 
 use crate::config::GemmaConfig;
 use crate::device::{DeviceCache, DeviceGemma3};
-use crate::error::Result;
+use crate::error::{GemmaError, Result};
 use crate::head::TargetHead;
 use crate::kv_cache::KvCache;
 use crate::model::{ForwardOptions, ForwardOutput, Gemma3};
@@ -70,6 +73,21 @@ pub trait Gemma3Model: Send + Sync {
         cache: &mut Self::Cache,
         opts: &ForwardOptions,
     ) -> Result<ForwardOutput>;
+
+    /// The caches of several sequences advanced together.
+    type BatchCache: Send;
+    /// Fresh caches for `batch` sequences of at most `max_len` positions each.
+    fn new_batch_cache(&self, batch: usize, max_len: usize) -> Self::BatchCache;
+    /// Runs one block of `m` tokens per sequence (`tokens` sequence-major) at positions
+    /// `pos..pos + m` of every sequence; the outputs' rows are sequence-major (one logits
+    /// row per sequence with [`crate::LogitsMode::Last`]).
+    fn forward_batch(
+        &self,
+        tokens: &[u32],
+        pos: usize,
+        cache: &mut Self::BatchCache,
+        opts: &ForwardOptions,
+    ) -> Result<ForwardOutput>;
 }
 
 impl Gemma3Model for Gemma3 {
@@ -96,6 +114,58 @@ impl Gemma3Model for Gemma3 {
     ) -> Result<ForwardOutput> {
         Gemma3::forward(self, tokens, pos, cache, opts)
     }
+
+    type BatchCache = Vec<KvCache>;
+
+    fn new_batch_cache(&self, batch: usize, max_len: usize) -> Vec<KvCache> {
+        (0..batch.max(1))
+            .map(|_| Gemma3::new_cache(self, max_len))
+            .collect()
+    }
+
+    /// Each sequence runs its own forward, in parallel (the CPU kernels are batch
+    /// invariant: this equals running them one by one).
+    fn forward_batch(
+        &self,
+        tokens: &[u32],
+        pos: usize,
+        caches: &mut Vec<KvCache>,
+        opts: &ForwardOptions,
+    ) -> Result<ForwardOutput> {
+        if caches.is_empty() || !tokens.len().is_multiple_of(caches.len()) {
+            return Err(GemmaError::Request(format!(
+                "{} tokens do not split into {} equal blocks",
+                tokens.len(),
+                caches.len()
+            )));
+        }
+        let m = tokens.len() / caches.len();
+        let outs = caches
+            .par_iter_mut()
+            .zip(tokens.par_chunks(m))
+            .map(|(cache, block)| Gemma3::forward(self, block, pos, cache, opts))
+            .collect::<Result<Vec<_>>>()?;
+        concat_outputs(outs)
+    }
+}
+
+/// Stacks per-sequence outputs by rows, in sequence order.
+fn concat_outputs(outs: Vec<ForwardOutput>) -> Result<ForwardOutput> {
+    let cat = |parts: Vec<Tensor>| -> Result<Tensor> { Ok(Tensor::cat(&parts, 0)?) };
+    let taps = (0..outs.first().map_or(0, |o| o.taps.len()))
+        .map(|i| cat(outs.iter().map(|o| o.taps[i].clone()).collect()))
+        .collect::<Result<Vec<_>>>()?;
+    let logits = outs
+        .iter()
+        .map(|o| o.logits.clone())
+        .collect::<Option<Vec<_>>>()
+        .map(cat)
+        .transpose()?;
+    Ok(ForwardOutput {
+        logits,
+        taps,
+        last_hidden: cat(outs.into_iter().map(|o| o.last_hidden).collect())?,
+    })
 }
 
 impl Gemma3Model for DeviceGemma3 {
@@ -114,6 +184,22 @@ impl Gemma3Model for DeviceGemma3 {
     }
 
     fn forward(
+        &self,
+        tokens: &[u32],
+        pos: usize,
+        cache: &mut DeviceCache,
+        opts: &ForwardOptions,
+    ) -> Result<ForwardOutput> {
+        DeviceGemma3::forward(self, tokens, pos, cache, opts)
+    }
+
+    type BatchCache = DeviceCache;
+
+    fn new_batch_cache(&self, batch: usize, max_len: usize) -> DeviceCache {
+        DeviceGemma3::new_batch_cache(self, batch, max_len)
+    }
+
+    fn forward_batch(
         &self,
         tokens: &[u32],
         pos: usize,

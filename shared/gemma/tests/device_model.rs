@@ -107,6 +107,64 @@ fn long_blocks_run_in_chunks() {
     assert!(max_abs_diff(&tail, &logits[logits.len() - cfg.vocab_size..]) < 1e-5);
 }
 
+/// Three sequences advanced together, through the trait both models share: a 1,100-token
+/// prefill (chunked), then single steps across the window, with taps and last-row logits;
+/// every row within 1e-4 of the CPU kernels run sequence by sequence (whose own batch
+/// forward must equal that exactly).
+#[test]
+fn batches_of_sequences_match_one_sequence_at_a_time() {
+    use tandem_gemma::Gemma3Model;
+    let cfg = tiny_config();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_hf(dir.path(), &cfg, 9);
+    let cpu = Gemma3::load(dir.path()).expect("load");
+    let dev = DeviceGemma3::load(dir.path(), cpu_f32()).expect("load on device");
+    let seqs: Vec<Vec<u32>> = (0..3)
+        .map(|s| Lcg::new(20 + s).tokens(1110, cfg.vocab_size))
+        .collect();
+    let opts = ForwardOptions {
+        logits: LogitsMode::Last,
+        taps: vec![1, cfg.num_hidden_layers],
+    };
+    let mut bc = dev.new_batch_cache(3, 1200);
+    let mut cc = Gemma3Model::new_batch_cache(&cpu, 3, 1200);
+    let mut kvs: Vec<_> = (0..3).map(|_| cpu.new_cache(1200)).collect();
+    let flat = |t: &candle_core::Tensor| -> Vec<f32> {
+        t.flatten_all().expect("flat").to_vec1().expect("vec")
+    };
+    for (start, len) in [(0, 1100), (1100, 1), (1101, 1), (1102, 8)] {
+        let block: Vec<u32> = seqs
+            .iter()
+            .flat_map(|s| s[start..start + len].to_vec())
+            .collect();
+        let got = dev.forward(&block, start, &mut bc, &opts).expect("batch");
+        let cpu_batch = cpu
+            .forward_batch(&block, start, &mut cc, &opts)
+            .expect("cpu batch");
+        let (mut logits, mut taps) = (Vec::new(), vec![Vec::new(); 2]);
+        for (s, kv) in seqs.iter().zip(&mut kvs) {
+            let one = cpu
+                .forward(&s[start..start + len], start, kv, &opts)
+                .expect("one");
+            logits.extend(flat(one.logits.as_ref().expect("logits")));
+            for (all, tap) in taps.iter_mut().zip(&one.taps) {
+                all.extend(flat(tap));
+            }
+        }
+        assert_eq!(flat(cpu_batch.logits.as_ref().expect("logits")), logits);
+        let diff = max_abs_diff(&flat(got.logits.as_ref().expect("logits")), &logits);
+        assert!(diff < 1e-4, "logits at {start}+{len} differ by {diff}");
+        for (got, want) in got.taps.iter().zip(&taps) {
+            assert_eq!(got.dims(), &[3 * len, cfg.hidden_size]);
+            let diff = max_abs_diff(&flat(got), want);
+            assert!(diff < 1e-4, "taps at {start}+{len} differ by {diff}");
+        }
+    }
+    assert_eq!((bc.len(), bc.batch()), (1110, 3));
+    let err = dev.forward(&[1, 2], 1110, &mut bc, &opts).map(|_| ());
+    assert!(err.is_err_and(|e| e.to_string().contains("3 equal blocks")));
+}
+
 #[test]
 fn bad_calls_are_errors_and_change_nothing() {
     let cfg = tiny_config();
