@@ -2,7 +2,9 @@
 //! (arXiv 2602.06036), bound to one target by its [`TargetIdentity`]. The model is
 //! immutable apart from its `Var`s, which a trainer updates in place.
 
-use candle_core::Var;
+use std::collections::HashMap;
+
+use candle_core::{Device, Var};
 use tandem_gemma::{TargetHead, TargetIdentity};
 
 use crate::backbone::Shape;
@@ -58,6 +60,23 @@ impl Dspark {
     /// Floats per snapshot row: one target hidden vector per tapped layer.
     pub fn row_width(&self) -> usize {
         self.cfg.tap_layers.len() * self.dims.hidden
+    }
+
+    /// The same drafter with its parameters copied to `device`, as fresh `Var`s (training
+    /// the copy leaves this one unchanged).
+    pub fn to_device(&self, device: &Device) -> Result<Self> {
+        let tensors = self
+            .vars()
+            .into_iter()
+            .map(|(n, v)| Ok((n, v.as_tensor().detach().to_device(device)?)))
+            .collect::<Result<HashMap<_, _>>>()?;
+        Ok(Self {
+            cfg: self.cfg.clone(),
+            dims: self.dims,
+            target: self.target.clone(),
+            vocab: self.vocab.clone(),
+            params: Params::from_tensors(&self.cfg, &self.dims, self.vocab.len(), tensors)?,
+        })
     }
 
     /// Every trainable parameter with its name, in canonical order. The `Var`s share

@@ -8,11 +8,15 @@ use crate::backbone::{padding_bias, softcap, ContextKv};
 use crate::error::{DsparkError, Result};
 use crate::model::Dspark;
 
-/// One training batch of `A` anchors with `L` context positions each.
+/// One training batch of `A` anchors with `L` context positions each, taken from `S`
+/// sequences (several anchors of one sequence share its context, which is projected once).
 #[derive(Debug, Clone)]
 pub struct TrainBatch {
-    /// `[A, L, m·H]` f32: the tapped target hidden states of each context position.
+    /// `[S, L, m·H]` f32: the tapped target hidden states of each sequence's positions.
     pub ctx_taps: Tensor,
+    /// `[A]` u32: the sequence of each anchor; `None` when `S = A` and anchor `i` reads
+    /// sequence `i`.
+    pub ctx_index: Option<Tensor>,
     /// `[A, L]` f32 key-padding mask (1 real, 0 padding); `None` when nothing is padded.
     pub ctx_mask: Option<Tensor>,
     /// `[A, H]` f32: the target's scaled input embedding of each anchor token.
@@ -39,6 +43,12 @@ impl Dspark {
         let p = &self.params;
         let eps = self.dims.eps;
         let h_ctx = p.context(&batch.ctx_taps, eps)?;
+        let per_anchor = |t: Tensor| -> Result<Tensor> {
+            match &batch.ctx_index {
+                Some(i) => Ok(t.index_select(i, 0)?),
+                None => Ok(t),
+            }
+        };
         let bias = match &batch.ctx_mask {
             Some(m) => Some(padding_bias(m, self.cfg.gamma)?),
             None => None,
@@ -46,6 +56,7 @@ impl Dspark {
         let mut block = p.block(&batch.anchor_emb)?;
         for layer in &p.layers {
             let (k, v) = layer.context_kv(&h_ctx, eps)?;
+            let (k, v) = (per_anchor(k)?, per_anchor(v)?);
             let ctx = ContextKv {
                 k: Some(&k),
                 v: Some(&v),
@@ -90,7 +101,8 @@ impl Dspark {
 
     /// Checks every shape and dtype of a batch; returns `A`.
     fn check_batch(&self, b: &TrainBatch, head: &Tensor) -> Result<usize> {
-        let (a, l, _) = b.ctx_taps.dims3()?;
+        let (s, l, _) = b.ctx_taps.dims3()?;
+        let a = b.anchor_emb.dim(0)?;
         let (h, g) = (self.dims.hidden, self.cfg.gamma);
         let expect = |what: &str, t: &Tensor, dims: &[usize], dtype: DType| {
             if t.dims() != dims || t.dtype() != dtype {
@@ -108,9 +120,25 @@ impl Dspark {
         expect(
             "ctx_taps",
             &b.ctx_taps,
-            &[a, l, self.row_width()],
+            &[s, l, self.row_width()],
             DType::F32,
         )?;
+        match &b.ctx_index {
+            Some(i) => {
+                expect("ctx_index", i, &[a], DType::U32)?;
+                if i.to_vec1::<u32>()?.iter().any(|x| *x as usize >= s) {
+                    return Err(DsparkError::Invalid(format!(
+                        "a ctx_index is past the batch's {s} sequences"
+                    )));
+                }
+            }
+            None if s != a => {
+                return Err(DsparkError::Invalid(format!(
+                    "{s} context sequences for {a} anchors need a ctx_index"
+                )))
+            }
+            None => {}
+        }
         if let Some(m) = &b.ctx_mask {
             expect("ctx_mask", m, &[a, l], DType::F32)?;
         }

@@ -23,6 +23,7 @@ fn batch(
         .collect();
     TrainBatch {
         ctx_taps: Tensor::from_vec(taps, (a, l, w), &Device::Cpu).expect("taps"),
+        ctx_index: None,
         ctx_mask: mask.map(|m| Tensor::from_vec(m, (a, l), &Device::Cpu).expect("mask")),
         anchor_emb: Tensor::from_vec(emb, (a, HIDDEN), &Device::Cpu).expect("emb"),
         prev: Tensor::from_vec(prev.to_vec(), (a, g), &Device::Cpu).expect("prev"),
@@ -152,4 +153,39 @@ fn incremental_cache_equals_full_recompute_with_a_draft_vocab() {
         ..tiny_config()
     };
     cache_matches_recompute(cfg, &[3, 12, 39, 50]);
+}
+
+/// Three anchors reading two shared sequences through `ctx_index` (one masked to a shorter
+/// context) score exactly as with a copy of its context per anchor.
+#[test]
+fn shared_contexts_score_like_one_copy_per_anchor() {
+    let head = tiny_head(1);
+    let model = busy_drafter(tiny_config(), &head, 12);
+    let dense = head.dense_rows(model.vocab().ids()).expect("dense");
+    let (w, l) = (model.row_width(), 6);
+    let mut rng = Lcg::new(13);
+    let seqs = [taps(&mut rng, l, w), taps(&mut rng, l, w)];
+    let prev = [5u32, 6, 7, 8, 10, 11, 12, 13, 1, 2, 3, 4];
+    let order = [1usize, 0, 1];
+    let mut mask = vec![1.0f32; 3 * l];
+    mask[2 * l + 4..].iter_mut().for_each(|m| *m = 0.0);
+    let copies: Vec<f32> = order.iter().flat_map(|s| seqs[*s].clone()).collect();
+    let each = model
+        .forward_train(
+            &batch(copies, Some(mask.clone()), 3, l, w, &head, &prev),
+            &dense,
+        )
+        .expect("copies");
+    let copies: Vec<f32> = order.iter().flat_map(|s| seqs[*s].clone()).collect();
+    let mut shared = batch(copies, Some(mask), 3, l, w, &head, &prev);
+    shared.ctx_taps = Tensor::from_vec(seqs.concat(), (2, l, w), &Device::Cpu).expect("taps");
+    let index: Vec<u32> = order.iter().map(|s| *s as u32).collect();
+    shared.ctx_index = Some(Tensor::from_vec(index, 3, &Device::Cpu).expect("index"));
+    let out = model.forward_train(&shared, &dense).expect("shared");
+    assert!(max_abs_diff(&flat(&each.logits), &flat(&out.logits)) < 1e-6);
+    assert!(max_abs_diff(&flat(&each.confidences), &flat(&out.confidences)) < 1e-6);
+    shared.ctx_index = None;
+    assert!(model.forward_train(&shared, &dense).is_err());
+    shared.ctx_index = Some(Tensor::new(&[0u32, 2, 1], &Device::Cpu).expect("index"));
+    assert!(model.forward_train(&shared, &dense).is_err());
 }

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use rand::Rng;
 use tandem_dspark::{DraftVocab, TrainBatch};
 use tandem_gemma::TargetHead;
@@ -101,10 +101,15 @@ pub struct BatchMaker<'a> {
     pub vocab: &'a DraftVocab,
     /// Block length.
     pub gamma: usize,
+    /// Where the batch's tensors go (the drafter's device).
+    pub device: &'a Device,
 }
 
 impl BatchMaker<'_> {
-    /// The batch of `anchors` into `samples`; contexts are right-padded to the longest.
+    /// The batch of `anchors` into `samples`: each sequence an anchor reads is sent once,
+    /// right-padded to the longest context, and every anchor masks the positions past its
+    /// own. Target distributions travel sparse and are spread over the draft vocabulary on
+    /// the device.
     pub fn make(&self, samples: &[&Sample], anchors: &[Anchor]) -> Result<(TrainBatch, Targets)> {
         let get = |a: &Anchor| {
             samples
@@ -113,56 +118,120 @@ impl BatchMaker<'_> {
                 .filter(|s| anchor_range(s, self.gamma).contains(&a.pos))
                 .ok_or_else(|| TrainError::Invalid(format!("anchor {a:?} is out of range")))
         };
-        let (n, g, vd) = (anchors.len(), self.gamma, self.vocab.len());
+        let (n, g) = (anchors.len(), self.gamma);
         let width = samples.first().map_or(0, |s| s.width);
         let len = anchors.iter().map(|a| a.pos).max().unwrap_or(0);
         if n == 0 || len == 0 {
             return Err(TrainError::Invalid("an empty batch".into()));
         }
-        let (mut taps, mut mask) = (vec![0f32; n * len * width], vec![0f32; n * len]);
+        let mut slots: Vec<usize> = Vec::new();
+        let (mut index, mut mask) = (Vec::with_capacity(n), vec![0f32; n * len]);
         let mut emb = Vec::with_capacity(n * self.head.hidden());
-        let (mut prev, mut tok) = (Vec::with_capacity(n * g), vec![0u32; n * g]);
-        let (mut probs, mut tmask) = (vec![0f32; n * g * vd], vec![0f32; n * g]);
+        let mut prev = Vec::with_capacity(n * g);
+        let mut sparse = SparseRows::new(n * g, self.vocab.len());
         for (i, a) in anchors.iter().enumerate() {
             let s = get(a)?;
-            taps[i * len * width..][..a.pos * width].copy_from_slice(s.context(a.pos));
+            let slot = match slots.iter().position(|x| *x == a.sample) {
+                Some(slot) => slot,
+                None => {
+                    slots.push(a.sample);
+                    slots.len() - 1
+                }
+            };
+            index.push(slot as u32);
             mask[i * len..][..a.pos].fill(1.0);
             emb.extend(self.head.embed(s.tokens[a.pos])?);
             prev.extend_from_slice(&s.tokens[a.pos..a.pos + g]);
             for k in 0..g {
-                let row = i * g + k;
                 let Some(d) = self.vocab.draft_index(s.tokens[a.pos + k + 1]) else {
+                    sparse.skip();
                     continue;
                 };
                 let dist = s.dist(a.pos + k).ok_or_else(|| {
                     TrainError::Invalid(format!("no target distribution at {}", a.pos + k))
                 })?;
-                let p = &mut probs[row * vd..][..vd];
-                for (id, pr) in dist.ids.iter().zip(&dist.probs) {
-                    if let Some(j) = self.vocab.draft_index(*id) {
-                        p[j] = *pr;
-                    }
-                }
-                let z: f32 = p.iter().sum();
-                p.iter_mut().for_each(|x| *x /= z);
-                (tok[row], tmask[row]) = (d as u32, 1.0);
+                let kept = dist.ids.iter().zip(&dist.probs);
+                sparse.push(d, kept.map(|(id, p)| (self.vocab.draft_index(*id), *p)));
             }
         }
-        let dev = Device::Cpu;
+        let mut taps = vec![0f32; slots.len() * len * width];
+        for (slot, i) in slots.iter().enumerate() {
+            taps[slot * len * width..][..len * width].copy_from_slice(samples[*i].context(len));
+        }
+        let dev = self.device;
         let padded = anchors.iter().any(|a| a.pos < len);
         let batch = TrainBatch {
-            ctx_taps: Tensor::from_vec(taps, (n, len, width), &dev)?,
+            ctx_taps: Tensor::from_vec(taps, (slots.len(), len, width), dev)?,
+            ctx_index: Some(Tensor::from_vec(index, n, dev)?),
             ctx_mask: padded
-                .then(|| Tensor::from_vec(mask, (n, len), &dev))
+                .then(|| Tensor::from_vec(mask, (n, len), dev))
                 .transpose()?,
-            anchor_emb: Tensor::from_vec(emb, (n, self.head.hidden()), &dev)?,
-            prev: Tensor::from_vec(prev, (n, g), &dev)?,
+            anchor_emb: Tensor::from_vec(emb, (n, self.head.hidden()), dev)?,
+            prev: Tensor::from_vec(prev, (n, g), dev)?,
         };
-        let targets = Targets {
-            tokens: Tensor::from_vec(tok, (n, g), &dev)?,
-            probs: Tensor::from_vec(probs, (n, g, vd), &dev)?,
-            mask: Tensor::from_vec(tmask, (n, g), &dev)?,
-        };
-        Ok((batch, targets))
+        Ok((batch, sparse.targets((n, g), dev)?))
+    }
+}
+
+/// Target distributions of a batch's block positions as `(draft index, probability)`
+/// lists, padded to one length with a sink column past the draft vocabulary.
+struct SparseRows {
+    vd: usize,
+    tokens: Vec<u32>,
+    mask: Vec<f32>,
+    rows: Vec<Vec<(u32, f32)>>,
+}
+
+impl SparseRows {
+    fn new(capacity: usize, vd: usize) -> Self {
+        Self {
+            vd,
+            tokens: Vec::with_capacity(capacity),
+            mask: Vec::with_capacity(capacity),
+            rows: Vec::with_capacity(capacity),
+        }
+    }
+
+    /// A position whose target token is outside the draft vocabulary (masked).
+    fn skip(&mut self) {
+        self.tokens.push(0);
+        self.mask.push(0.0);
+        self.rows.push(Vec::new());
+    }
+
+    /// A position whose target token has draft index `token`; ids outside the draft
+    /// vocabulary (`None`) are dropped.
+    fn push(&mut self, token: usize, kept: impl Iterator<Item = (Option<usize>, f32)>) {
+        self.tokens.push(token as u32);
+        self.mask.push(1.0);
+        let row = kept.filter_map(|(d, p)| d.map(|d| (d as u32, p)));
+        self.rows.push(row.collect());
+    }
+
+    /// `[A, γ, Vd]` distributions, renormalised over the draft vocabulary, built on `dev`.
+    fn targets(self, (n, g): (usize, usize), dev: &Device) -> Result<Targets> {
+        let k = self.rows.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let (mut ids, mut probs) = (vec![self.vd as u32; n * g * k], vec![0f32; n * g * k]);
+        for (r, row) in self.rows.iter().enumerate() {
+            let z = row
+                .iter()
+                .map(|(_, p)| p)
+                .sum::<f32>()
+                .max(f32::MIN_POSITIVE);
+            for (j, (d, p)) in row.iter().enumerate() {
+                (ids[r * k + j], probs[r * k + j]) = (*d, p / z);
+            }
+        }
+        let ids = Tensor::from_vec(ids, (n * g, k), dev)?;
+        let probs = Tensor::from_vec(probs, (n * g, k), dev)?;
+        let dense = Tensor::zeros((n * g, self.vd + 1), DType::F32, dev)?
+            .scatter_add(&ids, &probs, 1)?
+            .narrow(1, 0, self.vd)?
+            .reshape((n, g, self.vd))?;
+        Ok(Targets {
+            tokens: Tensor::from_vec(self.tokens, (n, g), dev)?,
+            probs: dense,
+            mask: Tensor::from_vec(self.mask, (n, g), dev)?,
+        })
     }
 }

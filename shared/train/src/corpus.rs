@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
+use rayon::prelude::*;
 
 use crate::error::{Result, TrainError};
 
@@ -158,7 +159,7 @@ pub fn chunk(tokens: &[u32], n: usize, bos: Option<u32>, max: usize) -> Vec<Vec<
 /// shuffled by the same seed.
 pub fn prompts<E>(paths: &[PathBuf], cfg: &CorpusConfig, encode: E) -> Result<Prompts>
 where
-    E: Fn(&str) -> std::result::Result<Vec<u32>, String>,
+    E: Fn(&str) -> std::result::Result<Vec<u32>, String> + Sync,
 {
     if cfg.prompt_tokens < 2 || cfg.train_prompts == 0 {
         return Err(TrainError::Invalid(
@@ -169,25 +170,36 @@ where
     let mut rng = ChaCha20Rng::seed_from_u64(cfg.seed);
     files.shuffle(&mut rng);
     let mut out = Prompts::default();
-    for file in files {
-        let held = is_held_out(&file, cfg.held_out_percent);
-        let (split, want) = match held {
-            true => (&mut out.held_out, cfg.held_out_prompts),
-            false => (&mut out.train, cfg.train_prompts),
+    // Files are read and tokenized in parallel, a chunk at a time, and taken in order.
+    for batch in files.chunks(64) {
+        let full = |o: &Prompts| {
+            o.train.len() >= cfg.train_prompts && o.held_out.len() >= cfg.held_out_prompts
         };
-        if split.len() >= want {
-            if out.train.len() >= cfg.train_prompts && out.held_out.len() >= cfg.held_out_prompts {
-                break;
-            }
-            continue;
+        if full(&out) {
+            break;
         }
-        let text = read_text(&file)?;
-        let tokens = encode(&text).map_err(|reason| TrainError::Tokenize {
-            path: file.clone(),
-            reason,
-        })?;
-        let room = (want - split.len()).min(cfg.prompts_per_file.max(1));
-        split.extend(chunk(&tokens, cfg.prompt_tokens, cfg.bos, room));
+        let tokenized: Vec<(bool, Vec<u32>)> = batch
+            .par_iter()
+            .map(|file| {
+                let held = is_held_out(file, cfg.held_out_percent);
+                let text = read_text(file)?;
+                let tokens = encode(&text).map_err(|reason| TrainError::Tokenize {
+                    path: file.clone(),
+                    reason,
+                })?;
+                Ok((held, tokens))
+            })
+            .collect::<Result<_>>()?;
+        for (held, tokens) in tokenized {
+            let (split, want) = match held {
+                true => (&mut out.held_out, cfg.held_out_prompts),
+                false => (&mut out.train, cfg.train_prompts),
+            };
+            let room = want
+                .saturating_sub(split.len())
+                .min(cfg.prompts_per_file.max(1));
+            split.extend(chunk(&tokens, cfg.prompt_tokens, cfg.bos, room));
+        }
     }
     if out.train.is_empty() {
         return Err(TrainError::Invalid(format!(

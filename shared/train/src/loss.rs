@@ -3,7 +3,7 @@
 //! BCE(c_k, 1 − TV)` with the BCE target detached, weighted by `exp(−(k−1)/γ)`, averaged
 //! over the unmasked positions of the batch by weight.
 
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Tensor, D};
 use candle_nn::ops::log_softmax;
 use tandem_dspark::TrainOutput;
 
@@ -44,7 +44,7 @@ pub fn position_weights(gamma: usize) -> Vec<f32> {
 /// The loss of `out` against `t`.
 pub fn loss(out: &TrainOutput, t: &Targets) -> Result<Loss> {
     let (a, g, _) = out.logits.dims3()?;
-    let w = Tensor::from_vec(position_weights(g), (1, g), &Device::Cpu)?;
+    let w = Tensor::from_vec(position_weights(g), (1, g), t.mask.device())?;
     let w = w.broadcast_mul(&t.mask)?;
     let norm = w.sum_all()?.to_scalar::<f32>()?.max(1e-12);
     let weighted = |x: &Tensor| -> Result<Tensor> { Ok(((x * &w)?.sum_all()? / f64::from(norm))?) };

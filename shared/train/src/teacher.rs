@@ -8,6 +8,7 @@ use rayon::prelude::*;
 use tandem_gemma::{ForwardOptions, Gemma3Model, LogitsMode};
 
 use crate::error::{Result, TrainError};
+use crate::store::SampleStore;
 
 /// How samples are generated.
 #[derive(Debug, Clone)]
@@ -23,6 +24,9 @@ pub struct TeacherConfig {
     /// token by token (about ten times cheaper; the drafter still learns the target's
     /// distributions, on text the target did not write).
     pub forced: bool,
+    /// Prompts (of one length) whose continuations are generated together, in one batch
+    /// forward per token.
+    pub batch: usize,
 }
 
 /// The target's next-token distribution at one position, truncated to its most likely ids
@@ -64,14 +68,6 @@ impl Sample {
     }
 }
 
-/// The sample of `prompt`: [`forced`] or [`generate`]d, as `cfg` says.
-pub fn sample<M: Gemma3Model>(model: &M, prompt: &[u32], cfg: &TeacherConfig) -> Result<Sample> {
-    match cfg.forced {
-        true => forced(model, prompt, cfg),
-        false => generate(model, prompt, cfg),
-    }
-}
-
 /// Scores `text` (prompt then `cfg.continuation_tokens` of continuation) with one target
 /// forward, recording the taps of every position and the distributions of the
 /// continuation positions.
@@ -86,7 +82,13 @@ pub fn forced<M: Gemma3Model>(model: &M, text: &[u32], cfg: &TeacherConfig) -> R
     let (p, total) = (text.len() - c, text.len());
     let mut cache = model.new_cache(total);
     let width = cfg.taps.len() * model.config().hidden_size;
-    let mut rows = Vec::with_capacity((total - 1) * width);
+    let mut sample = Sample {
+        tokens: text.to_vec(),
+        prompt_len: p,
+        rows: Vec::with_capacity((total - 1) * width),
+        width,
+        dists: Vec::new(),
+    };
     let mut logits = None;
     // The prompt needs no logits; the continuation's positions need all of theirs.
     for (span, mode) in [(0..p, LogitsMode::None), (p..total - 1, LogitsMode::All)] {
@@ -95,85 +97,93 @@ pub fn forced<M: Gemma3Model>(model: &M, text: &[u32], cfg: &TeacherConfig) -> R
             taps: cfg.taps.clone(),
         };
         let out = model.forward(&text[span.clone()], span.start, &mut cache, &opts)?;
-        push_rows(&out.taps, &mut rows)?;
+        push_rows(&out.taps, std::slice::from_mut(&mut sample))?;
         logits = out.logits;
     }
     let logits =
         logits.ok_or_else(|| TrainError::Invalid("the target returned no logits".into()))?;
     let vocab = model.config().vocab_size;
     let all = logits.flatten_all()?.to_vec1::<f32>()?;
-    let dists = all
+    sample.dists = all
         .chunks_exact(vocab)
         .map(|row| sparse(row, cfg.keep.max(1)))
         .collect();
-    Ok(Sample {
-        tokens: text.to_vec(),
-        prompt_len: p,
-        rows,
-        width,
-        dists,
-    })
+    Ok(sample)
 }
 
-/// Runs the target greedily after `prompt`, recording taps and distributions.
-pub fn generate<M: Gemma3Model>(model: &M, prompt: &[u32], cfg: &TeacherConfig) -> Result<Sample> {
-    if prompt.is_empty() || cfg.continuation_tokens < 2 {
+/// Runs the target greedily after each of `prompts` (all of one length), recording taps
+/// and distributions: one batch forward per token for all of them (the same samples as
+/// one by one, up to a device's numerics).
+pub fn generate_batch<M: Gemma3Model>(
+    model: &M,
+    prompts: &[&[u32]],
+    cfg: &TeacherConfig,
+) -> Result<Vec<Sample>> {
+    let p = prompts.first().map_or(0, |x| x.len());
+    if p == 0 || cfg.continuation_tokens < 2 || prompts.iter().any(|x| x.len() != p) {
         return Err(TrainError::Invalid(
-            "a sample needs a prompt and at least 2 continuation tokens".into(),
+            "a batch of samples needs prompts of one length and at least 2 continuation tokens"
+                .into(),
         ));
     }
-    let p = prompt.len();
     let total = p + cfg.continuation_tokens;
-    let mut cache = model.new_cache(total);
+    let width = cfg.taps.len() * model.config().hidden_size;
+    let mut samples: Vec<Sample> = prompts
+        .iter()
+        .map(|x| Sample {
+            tokens: x.to_vec(),
+            prompt_len: p,
+            rows: Vec::with_capacity((total - 1) * width),
+            width,
+            dists: Vec::with_capacity(cfg.continuation_tokens),
+        })
+        .collect();
+    let mut cache = model.new_batch_cache(prompts.len(), total);
     let opts = ForwardOptions {
         logits: LogitsMode::Last,
         taps: cfg.taps.clone(),
     };
-    let out = model.forward(prompt, 0, &mut cache, &opts)?;
-    let width = cfg.taps.len() * model.config().hidden_size;
-    let mut rows = Vec::with_capacity((total - 1) * width);
-    push_rows(&out.taps, &mut rows)?;
-    let mut tokens = prompt.to_vec();
-    let mut logits = last_logits(out.logits)?;
-    let mut dists = Vec::with_capacity(cfg.continuation_tokens);
+    let mut out = model.forward_batch(&prompts.concat(), 0, &mut cache, &opts)?;
+    let vocab = model.config().vocab_size;
     loop {
-        let next = sparse(&logits, cfg.keep.max(1));
-        tokens.push(next.ids[0]);
-        if tokens.len() > p + 1 {
-            dists.push(next);
+        push_rows(&out.taps, &mut samples)?;
+        let logits = out
+            .logits
+            .ok_or_else(|| TrainError::Invalid("the target returned no logits".into()))?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let dists: Vec<SparseTarget> = logits
+            .par_chunks(vocab)
+            .map(|row| sparse(row, cfg.keep.max(1)))
+            .collect();
+        for (s, next) in samples.iter_mut().zip(dists) {
+            s.tokens.push(next.ids[0]);
+            if s.tokens.len() > p + 1 {
+                s.dists.push(next);
+            }
         }
-        if tokens.len() == total {
-            break;
+        let len = samples[0].tokens.len();
+        if len == total {
+            return Ok(samples);
         }
-        let pos = tokens.len() - 1;
-        let out = model.forward(&tokens[pos..], pos, &mut cache, &opts)?;
-        push_rows(&out.taps, &mut rows)?;
-        logits = last_logits(out.logits)?;
+        let next: Vec<u32> = samples.iter().map(|s| s.tokens[len - 1]).collect();
+        out = model.forward_batch(&next, len - 1, &mut cache, &opts)?;
     }
-    Ok(Sample {
-        tokens,
-        prompt_len: p,
-        rows,
-        width,
-        dists,
-    })
 }
 
-fn last_logits(logits: Option<candle_core::Tensor>) -> Result<Vec<f32>> {
-    let t = logits.ok_or_else(|| TrainError::Invalid("the target returned no logits".into()))?;
-    Ok(t.flatten_all()?.to_vec1::<f32>()?)
-}
-
-/// Appends the taps of a forward's positions, interleaved per position.
-fn push_rows(taps: &[candle_core::Tensor], rows: &mut Vec<f32>) -> Result<()> {
+/// Appends the taps of a batch forward's positions (rows sequence-major) to each sample,
+/// interleaved per position.
+fn push_rows(taps: &[candle_core::Tensor], samples: &mut [Sample]) -> Result<()> {
     let per_tap = taps
         .iter()
         .map(|t| t.to_vec2::<f32>())
         .collect::<candle_core::Result<Vec<_>>>()?;
-    let m = per_tap.first().map_or(0, Vec::len);
-    for pos in 0..m {
-        for tap in &per_tap {
-            rows.extend_from_slice(&tap[pos]);
+    let m = per_tap.first().map_or(0, Vec::len) / samples.len().max(1);
+    for (i, s) in samples.iter_mut().enumerate() {
+        for pos in i * m..(i + 1) * m {
+            for tap in &per_tap {
+                s.rows.extend_from_slice(&tap[pos]);
+            }
         }
     }
     Ok(())
@@ -209,6 +219,7 @@ pub struct Pool {
     prompts: Vec<Vec<u32>>,
     samples: Vec<Option<Sample>>,
     cfg: TeacherConfig,
+    store: Option<SampleStore>,
 }
 
 impl Pool {
@@ -218,6 +229,15 @@ impl Pool {
             samples: vec![None; prompts.len()],
             prompts,
             cfg,
+            store: None,
+        }
+    }
+
+    /// Keeps generated samples in `store` and takes them from there when present.
+    pub fn with_store(self, store: SampleStore) -> Self {
+        Self {
+            store: Some(store),
+            ..self
         }
     }
 
@@ -241,9 +261,9 @@ impl Pool {
         &self.cfg
     }
 
-    /// Generates the samples of `indices` that are missing, in parallel (each is a
-    /// function of its prompt alone, so the order cannot matter); returns how many it
-    /// made.
+    /// Generates the samples of `indices` that are missing, in parallel or in batches of
+    /// prompts of one length (each is a function of its prompt alone, so the order cannot
+    /// matter), or reads them from the pool's store; returns how many it made or read.
     pub fn ensure<M: Gemma3Model>(&mut self, model: &M, indices: &[usize]) -> Result<usize> {
         let mut missing = Vec::new();
         for &i in indices {
@@ -258,15 +278,57 @@ impl Pool {
                 Some(_) => {}
             }
         }
-        let made: Vec<(usize, Sample)> = missing
-            .par_iter()
-            .map(|&i| sample(model, &self.prompts[i], &self.cfg).map(|s| (i, s)))
-            .collect::<Result<_>>()?;
+        let mut made = Vec::new();
+        if let Some(store) = &self.store {
+            let stored: Vec<(usize, Option<Sample>)> = missing
+                .par_iter()
+                .map(|&i| (i, store.load(&self.prompts[i], &self.cfg)))
+                .collect();
+            missing.clear();
+            for (i, s) in stored {
+                match s {
+                    Some(s) => made.push((i, s)),
+                    None => missing.push(i),
+                }
+            }
+        }
+        let fresh = match self.cfg.forced {
+            true => missing
+                .par_iter()
+                .map(|&i| forced(model, &self.prompts[i], &self.cfg).map(|s| (i, s)))
+                .collect::<Result<Vec<_>>>()?,
+            false => self.generate_missing(model, missing)?,
+        };
+        if let Some(store) = &self.store {
+            fresh
+                .par_iter()
+                .try_for_each(|(i, s)| store.save(&self.prompts[*i], &self.cfg, s))?;
+        }
+        made.extend(fresh);
         let count = made.len();
         for (i, sample) in made {
             self.samples[i] = Some(sample);
         }
         Ok(count)
+    }
+
+    /// Generates the samples of `missing`, batching prompts of one length.
+    fn generate_missing<M: Gemma3Model>(
+        &self,
+        model: &M,
+        mut missing: Vec<usize>,
+    ) -> Result<Vec<(usize, Sample)>> {
+        missing.sort_by_key(|&i| (self.prompts[i].len(), i));
+        let mut made = Vec::with_capacity(missing.len());
+        for group in missing.chunk_by(|a, b| self.prompts[*a].len() == self.prompts[*b].len()) {
+            for batch in group.chunks(self.cfg.batch.max(1)) {
+                let prompts: Vec<&[u32]> =
+                    batch.iter().map(|&i| self.prompts[i].as_slice()).collect();
+                let samples = generate_batch(model, &prompts, &self.cfg)?;
+                made.extend(batch.iter().copied().zip(samples));
+            }
+        }
+        Ok(made)
     }
 
     /// The sample of prompt `i`, if generated.

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use serde::Serialize;
@@ -42,6 +42,9 @@ pub struct TrainConfig {
     pub eval_stride: usize,
     /// Save a checkpoint every this many steps (0 = only at the end).
     pub checkpoint_every: usize,
+    /// Where the drafter trains (the CPU, or a GPU with the `cuda` feature).
+    #[serde(skip)]
+    pub device: Device,
 }
 
 /// What one step did.
@@ -97,8 +100,8 @@ pub enum Event<'a> {
     Checkpoint(&'a Path),
 }
 
-/// Trains one drafter against one target (on the CPU kernels or a GPU: the teacher's
-/// forward is any [`Gemma3Model`]; the drafter trains on the CPU).
+/// Trains one drafter against one target: the teacher's forward is any [`Gemma3Model`]
+/// (the CPU kernels or a GPU), and the drafter trains on [`TrainConfig::device`].
 pub struct Trainer<'m, M: Gemma3Model> {
     model: &'m M,
     head: TargetHead,
@@ -125,7 +128,10 @@ impl<'m, M: Gemma3Model> Trainer<'m, M> {
             ));
         }
         let head = model.head();
-        let head_rows = head.dense_rows(drafter.vocab().ids())?;
+        let drafter = drafter.to_device(&cfg.device)?;
+        let head_rows = head
+            .dense_rows(drafter.vocab().ids())?
+            .to_device(&cfg.device)?;
         let opt = AdamW::new(drafter.vars(), cfg.adamw)?;
         Ok(Self {
             model,
@@ -154,10 +160,20 @@ impl<'m, M: Gemma3Model> Trainer<'m, M> {
                 ),
             ));
         }
-        self.head_rows = self.head.dense_rows(r.drafter.vocab().ids())?;
-        self.opt = AdamW::new(r.drafter.vars(), self.cfg.adamw)?;
-        self.opt.restore(r.moments, r.state.step)?;
-        self.drafter = r.drafter;
+        let dev = &self.cfg.device;
+        let drafter = r.drafter.to_device(dev)?;
+        self.head_rows = self
+            .head
+            .dense_rows(drafter.vocab().ids())?
+            .to_device(dev)?;
+        self.opt = AdamW::new(drafter.vars(), self.cfg.adamw)?;
+        let moments = r
+            .moments
+            .into_iter()
+            .map(|(k, t)| Ok((k, t.to_device(dev)?)))
+            .collect::<Result<_>>()?;
+        self.opt.restore(moments, r.state.step)?;
+        self.drafter = drafter;
         self.step = r.state.step;
         Ok(())
     }
@@ -221,7 +237,13 @@ impl<'m, M: Gemma3Model> Trainer<'m, M> {
             .map(|i| (first + i) % n)
             .collect();
         let t0 = Instant::now();
-        self.train.ensure(self.model, &idx)?;
+        // A missing sample brings a whole teacher batch of the prompts to come with it.
+        let ahead = self.train.config().batch.max(idx.len());
+        let wanted: Vec<usize> = match idx.iter().all(|i| self.train.get(*i).is_some()) {
+            true => Vec::new(),
+            false => (0..ahead).map(|i| (first + i) % n).collect(),
+        };
+        self.train.ensure(self.model, &wanted)?;
         let generate_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let picked: Vec<(usize, &Sample)> = idx
@@ -261,6 +283,7 @@ impl<'m, M: Gemma3Model> Trainer<'m, M> {
             head: &self.head,
             vocab: self.drafter.vocab(),
             gamma: self.drafter.config().gamma,
+            device: &self.cfg.device,
         };
         let (batch, targets) = maker.make(samples, anchors)?;
         let out = self.drafter.forward_train(&batch, &self.head_rows)?;

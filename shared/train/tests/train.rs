@@ -1,14 +1,16 @@
 //! The trainer on a tiny random target: it lowers the training loss and the held-out
 //! total variation, a run resumed from a checkpoint repeats the uninterrupted run's losses,
-//! teacher forcing a generated text reproduces its sample bit for bit, and a teacher on the
-//! candle-device forward makes the samples the CPU kernels make.
+//! teacher forcing a generated text reproduces its sample bit for bit, batched generation
+//! and stored samples equal the ones made one at a time, and a teacher on the candle-device
+//! forward makes the samples the CPU kernels make.
 
 mod common;
 
 use candle_core::{DType, Device};
 use common::*;
-use tandem_gemma::{DeviceGemma3, DeviceOptions};
+use tandem_gemma::{DeviceGemma3, DeviceOptions, Gemma3};
 use tandem_train::batch::frequent_ids;
+use tandem_train::store::SampleStore;
 use tandem_train::teacher::{forced, Pool, TeacherConfig};
 use tandem_train::{Event, Trainer};
 
@@ -116,6 +118,77 @@ fn resume_refuses_other_data_settings() {
     let mut u =
         Trainer::new(&model, drafter(&model, vocab, 1), pools(6, 0), other).expect("trainer");
     assert!(u.resume(ckpt.path()).is_err());
+}
+
+/// Generating in batches of 4 (two prompt lengths, so batches of one length) makes the
+/// very samples of generating one prompt at a time on the CPU kernels.
+#[test]
+fn batched_generation_makes_the_one_at_a_time_samples() {
+    let (_dir, model) = tiny_target();
+    let (train, _) = pools(7, 1);
+    let mut prompts = train.prompts().to_vec();
+    prompts[2].truncate(5);
+    prompts[5].truncate(5);
+    let all: Vec<usize> = (0..prompts.len()).collect();
+    let mut batched = Pool::new(prompts.clone(), teacher());
+    let one = TeacherConfig {
+        batch: 1,
+        ..teacher()
+    };
+    let mut single = Pool::new(prompts, one);
+    assert_eq!(batched.ensure(&model, &all).expect("batched"), 7);
+    assert_eq!(single.ensure(&model, &all).expect("single"), 7);
+    for i in all {
+        let (a, b) = (batched.get(i).expect("a"), single.get(i).expect("b"));
+        assert_eq!(
+            (&a.tokens, &a.dists, a.prompt_len),
+            (&b.tokens, &b.dists, b.prompt_len)
+        );
+        assert!(a.rows == b.rows, "rows of sample {i}");
+    }
+}
+
+/// A pool with a store writes each sample it makes; another pool on that store reads them
+/// back instead of generating (here from another target, whose samples would differ), and
+/// remakes a damaged file.
+#[test]
+fn stored_samples_are_read_back_instead_of_made_again() {
+    let (_dir, model) = tiny_target();
+    let other_dir = tempfile::tempdir().expect("tempdir");
+    write_target(other_dir.path(), &tiny_config(), 8);
+    let other = Gemma3::load(other_dir.path()).expect("other target");
+    let store_dir = tempfile::tempdir().expect("tempdir");
+    let store = SampleStore::new(store_dir.path()).expect("store");
+    let (train, _) = pools(3, 1);
+    let prompts = train.prompts().to_vec();
+    let all = [0, 1, 2];
+    let mut first = Pool::new(prompts.clone(), teacher()).with_store(store.clone());
+    first.ensure(&model, &all).expect("made");
+    let files: Vec<_> = std::fs::read_dir(store_dir.path())
+        .expect("list")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(files.len(), 3);
+    let mut again = Pool::new(prompts.clone(), teacher()).with_store(store.clone());
+    assert_eq!(again.ensure(&other, &all).expect("read"), 3);
+    for i in all {
+        let (a, b) = (first.get(i).expect("a"), again.get(i).expect("b"));
+        assert_eq!(
+            (&a.tokens, &a.dists, &a.rows),
+            (&b.tokens, &b.dists, &b.rows)
+        );
+    }
+    std::fs::write(&files[0], b"damaged").expect("damage");
+    let mut fresh = Pool::new(prompts.clone(), teacher());
+    fresh.ensure(&other, &all).expect("other's samples");
+    let mut mended = Pool::new(prompts, teacher()).with_store(store);
+    mended.ensure(&other, &all).expect("mended");
+    let remade = all
+        .iter()
+        .filter(|&&i| mended.get(i).expect("m").tokens == fresh.get(i).expect("f").tokens)
+        .count();
+    assert!(remade >= 1, "the damaged sample was not made again");
+    assert!(std::fs::read(&files[0]).expect("read").len() > 100);
 }
 
 #[test]

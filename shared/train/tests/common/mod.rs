@@ -126,6 +126,7 @@ pub fn teacher() -> TeacherConfig {
         continuation_tokens: 16,
         keep: 16,
         forced: false,
+        batch: 4,
     }
 }
 
@@ -173,5 +174,6 @@ pub fn train_config(steps: usize) -> TrainConfig {
         eval_every: 0,
         eval_stride: 1,
         checkpoint_every: 0,
+        device: candle_core::Device::Cpu,
     }
 }
