@@ -3,6 +3,7 @@
 //! * [`corpus`]: prompts from text files, with a held-out split by file.
 //! * [`teacher`]: the target generates each prompt's continuation and records the hidden
 //!   taps and next-token distributions the drafter learns from.
+//! * [`topk`]: the teacher's kept ids of many rows at once, narrowed on the device.
 //! * [`store`]: generated samples kept on disk across runs.
 //! * [`batch`]: the draft vocabulary, random anchors, and batch tensors.
 //! * [`loss`]: 0.1·CE + 0.9·TV + BCE(confidence → 1 − TV), position-weighted.
@@ -17,6 +18,7 @@ pub mod loss;
 pub mod optim;
 pub mod store;
 pub mod teacher;
+pub mod topk;
 pub mod trainer;
 
 pub use error::{Result, TrainError};

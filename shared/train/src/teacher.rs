@@ -9,6 +9,7 @@ use tandem_gemma::{ForwardOptions, Gemma3Model, LogitsMode};
 
 use crate::error::{Result, TrainError};
 use crate::store::SampleStore;
+use crate::topk::sparse_rows;
 
 /// How samples are generated.
 #[derive(Debug, Clone)]
@@ -102,12 +103,7 @@ pub fn forced<M: Gemma3Model>(model: &M, text: &[u32], cfg: &TeacherConfig) -> R
     }
     let logits =
         logits.ok_or_else(|| TrainError::Invalid("the target returned no logits".into()))?;
-    let vocab = model.config().vocab_size;
-    let all = logits.flatten_all()?.to_vec1::<f32>()?;
-    sample.dists = all
-        .chunks_exact(vocab)
-        .map(|row| sparse(row, cfg.keep.max(1)))
-        .collect();
+    sample.dists = sparse_rows(&logits, cfg.keep.max(1))?;
     Ok(sample)
 }
 
@@ -144,18 +140,12 @@ pub fn generate_batch<M: Gemma3Model>(
         taps: cfg.taps.clone(),
     };
     let mut out = model.forward_batch(&prompts.concat(), 0, &mut cache, &opts)?;
-    let vocab = model.config().vocab_size;
     loop {
         push_rows(&out.taps, &mut samples)?;
         let logits = out
             .logits
-            .ok_or_else(|| TrainError::Invalid("the target returned no logits".into()))?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        let dists: Vec<SparseTarget> = logits
-            .par_chunks(vocab)
-            .map(|row| sparse(row, cfg.keep.max(1)))
-            .collect();
+            .ok_or_else(|| TrainError::Invalid("the target returned no logits".into()))?;
+        let dists = sparse_rows(&logits, cfg.keep.max(1))?;
         for (s, next) in samples.iter_mut().zip(dists) {
             s.tokens.push(next.ids[0]);
             if s.tokens.len() > p + 1 {
