@@ -20,10 +20,11 @@ const GAMMA: usize = 8;
 const MAX_TOKENS: usize = 32;
 /// Prompts used (the first ones of the committed held-out file).
 const PROMPTS: usize = 12;
-/// Lowest acceptable mean acceptance length over those prompts. Measured 1.782 (206 rounds;
-/// greedy and batch invariant, so the run is deterministic on one instruction set); the
-/// margin allows for near-ties resolved differently by another kernel implementation.
-const FLOOR_TAU: f64 = 1.65;
+/// Lowest acceptable mean acceptance length over those prompts. Measured 3.936 (94 rounds;
+/// greedy and batch invariant, so the run is deterministic on one instruction set; the
+/// weights shipped before measured 1.782); the margin allows for near-ties resolved
+/// differently by another kernel implementation.
+const FLOOR_TAU: f64 = 3.6;
 
 fn shipped() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../drafters/gemma-3-270m-dspark")
