@@ -20,6 +20,7 @@ use candle_nn::ops::{rms_norm, softmax_last_dim};
 use candle_nn::rotary_emb::rope_thd;
 
 use crate::config::GemmaConfig;
+use crate::device_cache::DeviceCache;
 use crate::error::{GemmaError, Result};
 use crate::head::TargetHead;
 use crate::loader::{self, TensorSource};
@@ -71,94 +72,9 @@ pub struct DeviceGemma3 {
     turn: Mutex<()>,
 }
 
-/// The KV cache of one sequence, or of a batch of sequences advanced together, on a device:
-/// per layer `[batch, capacity, kv_heads, head_dim]` keys and values (position-major, as the
-/// forward produces them), of which the first [`DeviceCache::len`] positions are committed.
-pub struct DeviceCache {
-    /// Per layer (empty until the first forward).
-    k: Vec<Tensor>,
-    v: Vec<Tensor>,
-    len: usize,
-    capacity: usize,
-    max_len: usize,
-    batch: usize,
-    /// `(layers, kv_heads, head_dim)`.
-    dims: (usize, usize, usize),
-    dtype: DType,
-    device: Device,
-}
-
-/// Positions a cache first allocates room for; it doubles from there.
-const FIRST_CAPACITY: usize = 256;
 /// Most positions one pass through the layers takes: a longer block runs in chunks, so the
 /// attention scores of a long prompt stay at most this many rows.
 const MAX_CHUNK: usize = 512;
-
-impl DeviceCache {
-    /// Committed positions.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether no position is committed.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The most positions the cache may hold.
-    pub fn max_len(&self) -> usize {
-        self.max_len
-    }
-
-    /// Sequences it holds.
-    pub fn batch(&self) -> usize {
-        self.batch
-    }
-
-    /// Rolls back to the first `len` positions.
-    pub fn truncate(&mut self, len: usize) -> Result<()> {
-        if len > self.len {
-            return Err(GemmaError::Request(format!(
-                "cannot truncate a cache of {} positions to {len}",
-                self.len
-            )));
-        }
-        self.len = len;
-        Ok(())
-    }
-
-    /// Makes room for `needed` positions, keeping the committed ones.
-    fn reserve(&mut self, needed: usize) -> Result<()> {
-        if needed <= self.capacity {
-            return Ok(());
-        }
-        let capacity = needed
-            .max(2 * self.capacity)
-            .max(FIRST_CAPACITY)
-            .min(self.max_len);
-        let (layers, heads, hd) = self.dims;
-        let shape = (self.batch, capacity, heads, hd);
-        let zeros = || Tensor::zeros(shape, self.dtype, &self.device);
-        if self.k.is_empty() {
-            self.k = (0..layers)
-                .map(|_| zeros())
-                .collect::<candle_core::Result<_>>()?;
-            self.v = (0..layers)
-                .map(|_| zeros())
-                .collect::<candle_core::Result<_>>()?;
-        } else {
-            for t in self.k.iter_mut().chain(self.v.iter_mut()) {
-                let grown = zeros()?;
-                if self.len > 0 {
-                    grown.slice_set(&t.narrow(1, 0, self.len)?, 1, 0)?;
-                }
-                *t = grown;
-            }
-        }
-        self.capacity = capacity;
-        Ok(())
-    }
-}
 
 impl DeviceGemma3 {
     /// Loads a `.gguf` file or an HF directory onto `opts.device`, dequantizing every
@@ -225,17 +141,12 @@ impl DeviceGemma3 {
     /// A fresh KV cache for `batch` sequences advanced together (see [`Self::forward`]).
     pub fn new_batch_cache(&self, batch: usize, max_len: usize) -> DeviceCache {
         let cfg = &self.cfg;
-        DeviceCache {
-            batch: batch.max(1),
-            k: Vec::new(),
-            v: Vec::new(),
-            len: 0,
-            capacity: 0,
-            max_len: max_len.min(cfg.max_position_embeddings),
-            dims: (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim),
-            dtype: self.opts.dtype,
-            device: self.opts.device.clone(),
-        }
+        DeviceCache::new(
+            batch,
+            max_len.min(cfg.max_position_embeddings),
+            (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim),
+            (self.opts.dtype, self.opts.device.clone()),
+        )
     }
 
     /// Runs `tokens` at positions `pos..pos+m`, appending their keys and values to `cache`

@@ -6,7 +6,8 @@ use candle_core::Tensor;
 use rayon::prelude::*;
 
 use crate::config::GemmaConfig;
-use crate::device::{DeviceCache, DeviceGemma3};
+use crate::device::DeviceGemma3;
+use crate::device_cache::DeviceCache;
 use crate::error::{GemmaError, Result};
 use crate::head::TargetHead;
 use crate::kv_cache::KvCache;

@@ -12,6 +12,7 @@ mod attention;
 mod config;
 mod convert;
 mod device;
+mod device_cache;
 mod error;
 mod forward;
 pub mod gemma4;
@@ -25,7 +26,8 @@ mod ops;
 
 pub use config::{GemmaConfig, RopeScaling};
 pub use convert::{export_hf, hf_config_json};
-pub use device::{DeviceCache, DeviceGemma3, DeviceOptions};
+pub use device::{DeviceGemma3, DeviceOptions};
+pub use device_cache::DeviceCache;
 pub use error::{GemmaError, Result};
 pub use forward::{Gemma3Model, SequenceCache};
 pub use head::{RestrictedHead, TargetHead, TargetIdentity};

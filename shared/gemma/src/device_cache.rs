@@ -1,0 +1,113 @@
+//! [`DeviceCache`]: the KV cache of [`crate::DeviceGemma3`], passed in by the caller,
+//! grown by doubling and rolled back by length.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::{GemmaError, Result};
+
+/// The KV cache of one sequence, or of a batch of sequences advanced together, on a device:
+/// per layer `[batch, capacity, kv_heads, head_dim]` keys and values (position-major, as the
+/// forward produces them), of which the first [`DeviceCache::len`] positions are committed.
+pub struct DeviceCache {
+    /// Per layer (empty until the first forward).
+    pub(crate) k: Vec<Tensor>,
+    pub(crate) v: Vec<Tensor>,
+    pub(crate) len: usize,
+    capacity: usize,
+    pub(crate) max_len: usize,
+    pub(crate) batch: usize,
+    /// `(layers, kv_heads, head_dim)`.
+    dims: (usize, usize, usize),
+    dtype: DType,
+    device: Device,
+}
+
+/// Positions a cache first allocates room for; it doubles from there.
+const FIRST_CAPACITY: usize = 256;
+
+impl DeviceCache {
+    /// An empty cache of `batch` sequences of at most `max_len` positions; `dims` are
+    /// `(layers, kv_heads, head_dim)`.
+    pub(crate) fn new(
+        batch: usize,
+        max_len: usize,
+        dims: (usize, usize, usize),
+        (dtype, device): (DType, Device),
+    ) -> Self {
+        Self {
+            k: Vec::new(),
+            v: Vec::new(),
+            len: 0,
+            capacity: 0,
+            max_len,
+            batch: batch.max(1),
+            dims,
+            dtype,
+            device,
+        }
+    }
+
+    /// Committed positions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position is committed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The most positions the cache may hold.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// Sequences it holds.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// Rolls back to the first `len` positions.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.len {
+            return Err(GemmaError::Request(format!(
+                "cannot truncate a cache of {} positions to {len}",
+                self.len
+            )));
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Makes room for `needed` positions, keeping the committed ones.
+    pub(crate) fn reserve(&mut self, needed: usize) -> Result<()> {
+        if needed <= self.capacity {
+            return Ok(());
+        }
+        let capacity = needed
+            .max(2 * self.capacity)
+            .max(FIRST_CAPACITY)
+            .min(self.max_len);
+        let (layers, heads, hd) = self.dims;
+        let shape = (self.batch, capacity, heads, hd);
+        let zeros = || Tensor::zeros(shape, self.dtype, &self.device);
+        if self.k.is_empty() {
+            self.k = (0..layers)
+                .map(|_| zeros())
+                .collect::<candle_core::Result<_>>()?;
+            self.v = (0..layers)
+                .map(|_| zeros())
+                .collect::<candle_core::Result<_>>()?;
+        } else {
+            for t in self.k.iter_mut().chain(self.v.iter_mut()) {
+                let grown = zeros()?;
+                if self.len > 0 {
+                    grown.slice_set(&t.narrow(1, 0, self.len)?, 1, 0)?;
+                }
+                *t = grown;
+            }
+        }
+        self.capacity = capacity;
+        Ok(())
+    }
+}
