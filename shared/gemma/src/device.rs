@@ -132,6 +132,11 @@ impl DeviceGemma3 {
         &self.opts.device
     }
 
+    /// Bytes of keys and values one position of a cache holds (in the model's dtype).
+    pub fn kv_bytes_per_position(&self) -> usize {
+        2 * self.cfg.num_hidden_layers * self.cfg.kv_dim() * self.opts.dtype.size_in_bytes()
+    }
+
     /// A fresh KV cache for one sequence of at most `max_len` positions (allocated as it
     /// grows).
     pub fn new_cache(&self, max_len: usize) -> DeviceCache {

@@ -66,6 +66,8 @@ pub trait Gemma3Model: Send + Sync {
     fn head(&self) -> TargetHead;
     /// A fresh cache for at most `max_len` positions.
     fn new_cache(&self, max_len: usize) -> Self::Cache;
+    /// Bytes of keys and values one position of a cache holds.
+    fn kv_bytes_per_position(&self) -> usize;
     /// Runs `tokens` at positions `pos..pos + m` of `cache` (which holds exactly `pos`).
     fn forward(
         &self,
@@ -104,6 +106,10 @@ impl Gemma3Model for Gemma3 {
 
     fn new_cache(&self, max_len: usize) -> KvCache {
         Gemma3::new_cache(self, max_len)
+    }
+
+    fn kv_bytes_per_position(&self) -> usize {
+        KvCache::bytes_per_position_for(Gemma3::config(self))
     }
 
     fn forward(
@@ -182,6 +188,10 @@ impl Gemma3Model for DeviceGemma3 {
 
     fn new_cache(&self, max_len: usize) -> DeviceCache {
         DeviceGemma3::new_cache(self, max_len)
+    }
+
+    fn kv_bytes_per_position(&self) -> usize {
+        DeviceGemma3::kv_bytes_per_position(self)
     }
 
     fn forward(

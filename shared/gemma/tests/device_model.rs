@@ -238,3 +238,26 @@ fn argmax(v: &[f32]) -> u32 {
     );
     best.0 as u32
 }
+
+/// A cache's bytes per position follow the model's dtype: what admission control budgets.
+#[test]
+fn kv_bytes_follow_the_dtype() {
+    use tandem_gemma::Gemma3Model;
+    let cfg = tiny_config();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_hf(dir.path(), &cfg, 10);
+    let cpu = Gemma3::load(dir.path()).expect("load");
+    let f32_model = DeviceGemma3::load(dir.path(), cpu_f32()).expect("f32");
+    let bf16 = DeviceOptions {
+        dtype: DType::BF16,
+        ..cpu_f32()
+    };
+    let bf16_model = DeviceGemma3::load(dir.path(), bf16).expect("bf16");
+    let f32_bytes = Gemma3Model::kv_bytes_per_position(&f32_model);
+    assert_eq!(f32_bytes, Gemma3Model::kv_bytes_per_position(&cpu));
+    assert_eq!(f32_bytes, 2 * cfg.num_hidden_layers * cfg.kv_dim() * 4);
+    assert_eq!(
+        Gemma3Model::kv_bytes_per_position(&bf16_model) * 2,
+        f32_bytes
+    );
+}

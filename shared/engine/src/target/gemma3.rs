@@ -5,8 +5,8 @@
 use candle_core::Tensor;
 use tandem_core::{SnapshotPart, SnapshotSpec, SnapshotSupport};
 use tandem_gemma::{
-    DeviceGemma3, ForwardOptions, Gemma3, Gemma3Model, GemmaConfig, KvCache, LogitsMode,
-    SequenceCache, TargetHead, TargetIdentity,
+    DeviceGemma3, ForwardOptions, Gemma3, Gemma3Model, GemmaConfig, LogitsMode, SequenceCache,
+    TargetHead, TargetIdentity,
 };
 
 use super::{Target, TargetFacts, TargetSequence, TargetStep};
@@ -18,7 +18,7 @@ macro_rules! gemma3_target {
     ($model:ty) => {
         impl Target for $model {
             fn facts(&self) -> TargetFacts {
-                facts(Gemma3Model::config(self))
+                facts(Gemma3Model::config(self), self.kv_bytes_per_position())
             }
 
             fn identity(&self) -> Result<TargetIdentity> {
@@ -106,14 +106,14 @@ fn tap_support(cfg: &GemmaConfig) -> SnapshotSupport {
     }
 }
 
-/// The facts of a Gemma 3 of `cfg`.
-fn facts(cfg: &GemmaConfig) -> TargetFacts {
+/// The facts of a Gemma 3 of `cfg` whose cache holds `kv_bytes` per position.
+fn facts(cfg: &GemmaConfig, kv_bytes: usize) -> TargetFacts {
     TargetFacts {
         vocab_size: cfg.vocab_size,
         num_layers: cfg.num_hidden_layers,
         hidden_size: cfg.hidden_size,
         max_context: cfg.max_position_embeddings,
-        kv_bytes_per_position: KvCache::bytes_per_position_for(cfg),
+        kv_bytes_per_position: kv_bytes,
     }
 }
 
