@@ -57,6 +57,20 @@ pub struct Sample {
 }
 
 impl Sample {
+    /// A sample of `tokens` (a prompt of `prompt_len` and maybe its continuation) with no
+    /// taps or distributions yet, room made for `total` tokens' worth.
+    fn start(tokens: &[u32], prompt_len: usize, width: usize, total: usize) -> Self {
+        let mut kept = Vec::with_capacity(total);
+        kept.extend_from_slice(tokens);
+        Self {
+            tokens: kept,
+            prompt_len,
+            rows: Vec::with_capacity(total.saturating_sub(1) * width),
+            width,
+            dists: Vec::with_capacity(total.saturating_sub(prompt_len + 1)),
+        }
+    }
+
     /// The taps of positions `0..n` (row-major).
     pub fn context(&self, n: usize) -> &[f32] {
         &self.rows[..n * self.width]
@@ -83,13 +97,7 @@ pub fn forced<M: Gemma3Model>(model: &M, text: &[u32], cfg: &TeacherConfig) -> R
     let (p, total) = (text.len() - c, text.len());
     let mut cache = model.new_cache(total);
     let width = cfg.taps.len() * model.config().hidden_size;
-    let mut sample = Sample {
-        tokens: text.to_vec(),
-        prompt_len: p,
-        rows: Vec::with_capacity((total - 1) * width),
-        width,
-        dists: Vec::new(),
-    };
+    let mut sample = Sample::start(text, p, width, total);
     let mut logits = None;
     // The prompt needs no logits; the continuation's positions need all of theirs.
     for (span, mode) in [(0..p, LogitsMode::None), (p..total - 1, LogitsMode::All)] {
@@ -126,13 +134,7 @@ pub fn generate_batch<M: Gemma3Model>(
     let width = cfg.taps.len() * model.config().hidden_size;
     let mut samples: Vec<Sample> = prompts
         .iter()
-        .map(|x| Sample {
-            tokens: x.to_vec(),
-            prompt_len: p,
-            rows: Vec::with_capacity((total - 1) * width),
-            width,
-            dists: Vec::with_capacity(cfg.continuation_tokens),
-        })
+        .map(|x| Sample::start(x, p, width, total))
         .collect();
     let mut cache = model.new_batch_cache(prompts.len(), total);
     let opts = ForwardOptions {
