@@ -156,7 +156,10 @@ impl BatchMaker<'_> {
         }
         let mut taps = vec![0f32; slots.len() * len * width];
         for (slot, i) in slots.iter().enumerate() {
-            taps[slot * len * width..][..len * width].copy_from_slice(samples[*i].context(len));
+            // A shorter sequence's tail stays zero: its anchors mask it.
+            let s = samples[*i];
+            let have = (s.rows.len() / width.max(1)).min(len);
+            taps[slot * len * width..][..have * width].copy_from_slice(s.context(have));
         }
         let dev = self.device;
         let padded = anchors.iter().any(|a| a.pos < len);

@@ -238,3 +238,57 @@ fn a_device_teacher_makes_the_samples_of_the_cpu_kernels() {
         }
     }
 }
+
+/// A batch over sequences of two lengths: the shorter one's anchors score as they do alone
+/// (its context is zero-padded past its end and masked).
+#[test]
+fn batches_mix_sequences_of_different_lengths() {
+    use tandem_train::batch::{anchor_range, Anchor, BatchMaker};
+    let (_dir, model) = tiny_target();
+    let (train, _) = pools(2, 1);
+    let mut prompts = train.prompts().to_vec();
+    prompts[1].truncate(2);
+    let mut pool = Pool::new(prompts, teacher());
+    pool.ensure(&model, &[0, 1]).expect("samples");
+    let samples = pool.generated();
+    let vocab = frequent_ids(&samples, pool.prompts(), 64, 96);
+    let d = drafter(&model, vocab, 2);
+    let head = model.head();
+    let rows = head.dense_rows(d.vocab().ids()).expect("rows");
+    let maker = BatchMaker {
+        head: &head,
+        vocab: d.vocab(),
+        gamma: d.config().gamma,
+        device: &Device::Cpu,
+    };
+    let (long_end, short_mid) = (
+        *anchor_range(samples[0], GAMMA).end(),
+        *anchor_range(samples[1], GAMMA).start() + 1,
+    );
+    let short = Anchor {
+        sample: 1,
+        pos: short_mid,
+    };
+    let long = Anchor {
+        sample: 0,
+        pos: long_end,
+    };
+    let both = maker.make(&samples, &[long, short]).expect("mixed batch");
+    let alone = maker.make(&samples, &[short]).expect("alone");
+    let flat = |t: &candle_core::Tensor| -> Vec<f32> {
+        t.flatten_all().expect("flat").to_vec1().expect("vec")
+    };
+    let mixed = d.forward_train(&both.0, &rows).expect("forward");
+    let single = d.forward_train(&alone.0, &rows).expect("forward");
+    let row1 = flat(&mixed.logits.narrow(0, 1, 1).expect("row"));
+    let diff = row1
+        .iter()
+        .zip(flat(&single.logits))
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(diff < 1e-5, "the short sequence's logits moved by {diff}");
+    assert_eq!(
+        flat(&both.1.probs.narrow(0, 1, 1).expect("row")),
+        flat(&alone.1.probs)
+    );
+}
