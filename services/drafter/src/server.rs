@@ -8,7 +8,7 @@ use tandem_core::{ProposeRequest, SamplingParams, SnapshotRows};
 use tandem_proto::v1 as pb;
 use tandem_telemetry::{serve_metrics, Registry};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
 use crate::service::DrafterService;
@@ -69,7 +69,10 @@ pub async fn serve(
         .add_service(health)
         .add_service(reflection)
         .add_service(pb::drafter_server::DrafterServer::new(service))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), shutdown)
+        // Small messages go out at once: with Nagle's algorithm a reply written while the
+        // peer's ACK of the last one is delayed waits for it (accepted sockets do not take
+        // the builder's `tcp_nodelay`).
+        .serve_with_incoming_shutdown(TcpIncoming::from(grpc).with_nodelay(Some(true)), shutdown)
         .await;
     let _ = stop_tx.send(true);
     metrics_task.await??;
