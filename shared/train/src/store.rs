@@ -5,11 +5,15 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::{Device, Tensor};
 
 use crate::error::{Result, TrainError};
 use crate::teacher::{Sample, SparseTarget, TeacherConfig};
+
+/// Numbers the partial files of concurrent saves.
+static PARTIAL: AtomicU64 = AtomicU64::new(0);
 
 /// A folder of samples.
 #[derive(Debug, Clone)]
@@ -61,7 +65,9 @@ impl SampleStore {
     /// Stores `sample`, made from `prompt` under `cfg` (written beside, then renamed).
     pub fn save(&self, prompt: &[u32], cfg: &TeacherConfig, sample: &Sample) -> Result<()> {
         let path = self.path(prompt, cfg);
-        let tmp = path.with_extension("partial");
+        // Two equal prompts saved at once must not write into one partial file.
+        let n = PARTIAL.fetch_add(1, Ordering::Relaxed);
+        let tmp = path.with_extension(format!("{}.{n}.partial", std::process::id()));
         candle_core::safetensors::save(&to_tensors(sample)?, &tmp)?;
         std::fs::rename(&tmp, &path).map_err(|e| TrainError::io(&path, e))
     }
