@@ -181,31 +181,6 @@ fn push_rows(taps: &[candle_core::Tensor], samples: &mut [Sample]) -> Result<()>
     Ok(())
 }
 
-/// The `keep` most likely ids of `softmax(logits)`, descending, ties to the lower id.
-pub fn sparse(logits: &[f32], keep: usize) -> SparseTarget {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|l| f64::from((l - max).exp())).sum();
-    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-    let by_logit = |a: &u32, b: &u32| {
-        logits[*b as usize]
-            .total_cmp(&logits[*a as usize])
-            .then(a.cmp(b))
-    };
-    let keep = keep.min(idx.len());
-    if keep < idx.len() {
-        idx.select_nth_unstable_by(keep, by_logit);
-    }
-    // A fresh vector: a truncated one would keep the vocabulary-sized buffer (1 MiB per
-    // position of a 262k vocabulary) alive in every stored sample.
-    let mut idx = idx[..keep].to_vec();
-    idx.sort_by(by_logit);
-    let probs = idx
-        .iter()
-        .map(|i| (f64::from((logits[*i as usize] - max).exp()) / sum) as f32)
-        .collect();
-    SparseTarget { ids: idx, probs }
-}
-
 /// Samples of a fixed list of prompts, generated on first use and kept.
 pub struct Pool {
     prompts: Vec<Vec<u32>>,
@@ -331,24 +306,5 @@ impl Pool {
     /// Every generated sample.
     pub fn generated(&self) -> Vec<&Sample> {
         self.samples.iter().flatten().collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sparse_keeps_the_most_likely_ids_in_order_and_nothing_more() {
-        let logits: Vec<f32> = (0..10_000)
-            .map(|i| ((i * 7919) % 10_007) as f32 / 1e3)
-            .collect();
-        let s = sparse(&logits, 4);
-        let mut order: Vec<u32> = (0..10_000).collect();
-        order.sort_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]));
-        assert_eq!(s.ids, order[..4]);
-        assert!(s.probs.windows(2).all(|w| w[0] >= w[1]));
-        // Samples are kept for the whole run: each must hold its kept ids only.
-        assert!(s.ids.capacity() <= 4 && s.probs.capacity() <= 4);
     }
 }

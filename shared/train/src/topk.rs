@@ -12,7 +12,7 @@ use candle_core::{DType, Tensor, D};
 use rayon::prelude::*;
 
 use crate::error::{Result, TrainError};
-use crate::teacher::{sparse, SparseTarget};
+use crate::teacher::SparseTarget;
 
 /// Fewest logits per block; blocks are at most [`MAX_BLOCKS`] per row (a device sort of the
 /// block maxima works on at most that many columns).
@@ -91,20 +91,44 @@ pub fn narrowed(
         .collect())
 }
 
+/// The `keep` most likely ids of `softmax(logits)`, descending, ties to the lower id.
+pub fn sparse(logits: &[f32], keep: usize) -> SparseTarget {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|l| f64::from((l - max).exp())).sum();
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    keep_top(&mut idx, keep, |i| (*i, logits[*i as usize]));
+    let probs = idx
+        .iter()
+        .map(|i| (f64::from((logits[*i as usize] - max).exp()) / sum) as f32)
+        .collect();
+    SparseTarget { ids: idx, probs }
+}
+
 /// The `keep` largest of `cand` by logit (ties to the lower id), with probabilities under
 /// the row's maximum `max` and normaliser `sum`.
 fn top_of(mut cand: Vec<(u32, f32)>, keep: usize, max: f32, sum: f32) -> SparseTarget {
-    let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    let keep = keep.min(cand.len());
-    if keep < cand.len() {
-        cand.select_nth_unstable_by(keep, order);
-        cand.truncate(keep);
-    }
-    cand.sort_by(order);
+    keep_top(&mut cand, keep, |c| *c);
     SparseTarget {
         ids: cand.iter().map(|c| c.0).collect(),
         probs: cand.iter().map(|c| (c.1 - max).exp() / sum).collect(),
     }
+}
+
+/// Leaves in `v` its `keep` largest items by the logit of `key` (ties to the lower id),
+/// descending, in a fresh allocation: a truncated vector would keep a vocabulary-sized
+/// buffer (1 MiB per position of a 262k vocabulary) alive in every stored sample.
+fn keep_top<T: Clone>(v: &mut Vec<T>, keep: usize, key: impl Fn(&T) -> (u32, f32)) {
+    let order = |a: &T, b: &T| {
+        let ((ia, la), (ib, lb)) = (key(a), key(b));
+        lb.total_cmp(&la).then(ia.cmp(&ib))
+    };
+    let keep = keep.min(v.len());
+    if keep < v.len() {
+        v.select_nth_unstable_by(keep, order);
+    }
+    let mut kept = v[..keep].to_vec();
+    kept.sort_by(order);
+    *v = kept;
 }
 
 #[cfg(test)]
@@ -140,5 +164,19 @@ mod tests {
             }
         }
         assert!(narrowed(&t, 100, 64, (rows, vocab)).is_err());
+    }
+
+    #[test]
+    fn sparse_keeps_the_most_likely_ids_in_order_and_nothing_more() {
+        let logits: Vec<f32> = (0..10_000)
+            .map(|i| ((i * 7919) % 10_007) as f32 / 1e3)
+            .collect();
+        let s = sparse(&logits, 4);
+        let mut order: Vec<u32> = (0..10_000).collect();
+        order.sort_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]));
+        assert_eq!(s.ids, order[..4]);
+        assert!(s.probs.windows(2).all(|w| w[0] >= w[1]));
+        // Samples are kept for the whole run: each must hold its kept ids only.
+        assert!(s.ids.capacity() <= 4 && s.probs.capacity() <= 4);
     }
 }
