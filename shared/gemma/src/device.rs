@@ -22,6 +22,7 @@ use candle_nn::rotary_emb::rope_thd;
 use crate::config::GemmaConfig;
 use crate::device_cache::DeviceCache;
 use crate::error::{GemmaError, Result};
+use crate::forward::block_len;
 use crate::head::TargetHead;
 use crate::loader::{self, TensorSource};
 use crate::model::{ForwardOptions, ForwardOutput, LogitsMode};
@@ -282,20 +283,13 @@ impl DeviceGemma3 {
         if tokens.is_empty() {
             return Err(GemmaError::Request("empty block".into()));
         }
-        if !tokens.len().is_multiple_of(cache.batch) {
-            return Err(GemmaError::Request(format!(
-                "{} tokens do not split into {} equal blocks",
-                tokens.len(),
-                cache.batch
-            )));
-        }
+        let m = block_len(tokens.len(), cache.batch)?;
         if pos != cache.len {
             return Err(GemmaError::Request(format!(
                 "block starts at position {pos} but the cache holds {}",
                 cache.len
             )));
         }
-        let m = tokens.len() / cache.batch;
         if pos + m > cache.max_len {
             return Err(GemmaError::ContextFull {
                 needed: pos + m,

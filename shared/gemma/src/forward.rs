@@ -139,14 +139,7 @@ impl Gemma3Model for Gemma3 {
         caches: &mut Vec<KvCache>,
         opts: &ForwardOptions,
     ) -> Result<ForwardOutput> {
-        if caches.is_empty() || !tokens.len().is_multiple_of(caches.len()) {
-            return Err(GemmaError::Request(format!(
-                "{} tokens do not split into {} equal blocks",
-                tokens.len(),
-                caches.len()
-            )));
-        }
-        let m = tokens.len() / caches.len();
+        let m = block_len(tokens.len(), caches.len())?;
         let outs = caches
             .par_iter_mut()
             .zip(tokens.par_chunks(m))
@@ -154,6 +147,16 @@ impl Gemma3Model for Gemma3 {
             .collect::<Result<Vec<_>>>()?;
         concat_outputs(outs)
     }
+}
+
+/// The block length of `tokens` tokens split over `batch` sequences, all blocks equal.
+pub(crate) fn block_len(tokens: usize, batch: usize) -> Result<usize> {
+    if batch == 0 || !tokens.is_multiple_of(batch) {
+        return Err(GemmaError::Request(format!(
+            "{tokens} tokens do not split into {batch} equal blocks"
+        )));
+    }
+    Ok(tokens / batch)
 }
 
 /// Stacks per-sequence outputs by rows, in sequence order.
