@@ -82,12 +82,14 @@ fn is_text(path: &Path) -> bool {
 /// Whether `path` belongs to the held-out split: FNV-1a of its text, modulo 100, below
 /// `percent`. Stable across runs and machines for the same path text.
 pub fn is_held_out(path: &Path, percent: u32) -> bool {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in path.to_string_lossy().bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    (h % 100) < u64::from(percent)
+    (fnv1a(path.to_string_lossy().bytes()) % 100) < u64::from(percent)
+}
+
+/// The 64-bit FNV-1a hash of `bytes`.
+pub(crate) fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The readable text of a file: HTML loses its tags, scripts and styles; other files are

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::{Device, Tensor};
 
+use crate::corpus::fnv1a;
 use crate::error::{Result, TrainError};
 use crate::teacher::{Sample, SparseTarget, TeacherConfig};
 
@@ -32,18 +33,12 @@ impl SampleStore {
 
     /// The file of `prompt`'s sample under `cfg`.
     fn path(&self, prompt: &[u32], cfg: &TeacherConfig) -> PathBuf {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut eat = |x: u64| {
-            for b in x.to_le_bytes() {
-                h ^= u64::from(b);
-                h = h.wrapping_mul(0x0100_0000_01b3);
-            }
-        };
         let settings = [cfg.continuation_tokens, cfg.keep, usize::from(cfg.forced)];
-        for x in cfg.taps.iter().chain([&usize::MAX]).chain(&settings) {
-            eat(*x as u64);
-        }
-        prompt.iter().for_each(|t| eat(u64::from(*t)));
+        let words = cfg.taps.iter().chain([&usize::MAX]).chain(&settings);
+        let words = words
+            .map(|x| *x as u64)
+            .chain(prompt.iter().map(|t| u64::from(*t)));
+        let h = fnv1a(words.flat_map(u64::to_le_bytes));
         self.dir.join(format!("{h:016x}.safetensors"))
     }
 
