@@ -15,7 +15,7 @@ use tandem_core::{
     accept_greedy, accept_sampled, argmax, distribution, Chunk, DraftBlock, FinishReason,
     GammaPolicy, GammaPolicyConfig, Output, Proposer, Sampler, SnapshotSpec, Verdict,
 };
-use tandem_gemma::LogitsMode;
+use tandem_gemma::{argmax_rows, LogitsMode};
 use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
 
 use crate::drafting::Drafting;
@@ -376,7 +376,8 @@ fn logits_rows(logits: &Tensor, rows: usize) -> Result<Vec<Vec<f32>>> {
 }
 
 /// The argmax of each of the first `rows` logits rows: [`argmax`] (ties to the lowest id)
-/// for host logits; on the logits' device otherwise, so that only the ids travel.
+/// for host logits; on the logits' device otherwise ([`argmax_rows`]), so that only the
+/// ids travel.
 fn greedy_tokens(logits: &Tensor, rows: usize) -> Result<Vec<u32>> {
     if logits.device().is_cpu() {
         return Ok(logits_rows(logits, rows)?
@@ -384,7 +385,5 @@ fn greedy_tokens(logits: &Tensor, rows: usize) -> Result<Vec<u32>> {
             .map(|r| argmax(r))
             .collect());
     }
-    Ok(first_rows(logits, rows)?
-        .argmax(candle_core::D::Minus1)?
-        .to_vec1::<u32>()?)
+    Ok(argmax_rows(&first_rows(logits, rows)?)?)
 }

@@ -24,6 +24,7 @@ use crate::device_cache::DeviceCache;
 use crate::error::{GemmaError, Result};
 use crate::forward::block_len;
 use crate::head::TargetHead;
+use crate::launch::with_cached_layouts;
 use crate::loader::{self, TensorSource};
 use crate::model::{ForwardOptions, ForwardOutput, LogitsMode};
 use crate::names::{LayerTensor, Role};
@@ -256,14 +257,17 @@ impl DeviceGemma3 {
         let mut x = self.upload(rows, (rows_n, h))?;
         let ctx = Context::new(self, pos, m, b)?;
         let mut taps: Vec<Option<Tensor>> = vec![None; tap_layers.len()];
-        for (i, layer) in self.layers.iter().enumerate() {
-            x = self.layer(layer, &x, &ctx, cache, i)?;
-            for (slot, t) in taps.iter_mut().zip(tap_layers) {
-                if *t == i {
-                    *slot = Some(x.clone());
+        with_cached_layouts(&self.opts.device, || -> Result<()> {
+            for (i, layer) in self.layers.iter().enumerate() {
+                x = self.layer(layer, &x, &ctx, cache, i)?;
+                for (slot, t) in taps.iter_mut().zip(tap_layers) {
+                    if *t == i {
+                        *slot = Some(x.clone());
+                    }
                 }
             }
-        }
+            Ok(())
+        })?;
         cache.len = pos + m;
         let normed = rms_norm(&x, &self.final_norm, self.cfg.rms_norm_eps as f32)?;
         let taps = taps
