@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use candle_core::Device;
 use clap::Args;
 use tandem_assistant::{AssistantOptions, AssistantProposer};
 use tandem_core::Proposer;
@@ -66,10 +67,17 @@ impl DrafterArgs {
         Ok(Arc::new(model))
     }
 
-    /// The drafter as a proposer over `head`.
-    pub fn proposer(&self, head: &TargetHead) -> Result<Arc<DsparkProposer>> {
+    /// The drafter as a proposer over `head`, on `device` (the host when `None`).
+    pub fn proposer(
+        &self,
+        head: &TargetHead,
+        device: Option<&Device>,
+    ) -> Result<Arc<dyn Proposer>> {
         let model = self.load(head)?;
-        Ok(Arc::new(DsparkProposer::new(model, head)?))
+        Ok(match device {
+            Some(d) => Arc::new(DsparkProposer::on_device(model, head, d)?),
+            None => Arc::new(DsparkProposer::new(model, head)?),
+        })
     }
 }
 
@@ -92,7 +100,7 @@ impl DrafterArgs {
 
     /// Loads whichever drafter `--drafter` names for the target of `models`; a DSpark
     /// drafter scores through `head` (the loaded target's) or, without one, through the
-    /// head read from the target file.
+    /// head read from the target file, and runs where `--device` says.
     pub fn load_any(&self, models: &ModelArgs, head: Option<TargetHead>) -> Result<LoadedDrafter> {
         if self.is_assistant()? {
             let (dir, target) = (Path::new(&self.drafter), models.model_path()?);
@@ -110,7 +118,7 @@ impl DrafterArgs {
         };
         Ok(LoadedDrafter {
             target: head.identity()?,
-            proposer: self.proposer(&head)?,
+            proposer: self.proposer(&head, models.candle_device()?.as_ref())?,
             kind: "dspark",
         })
     }

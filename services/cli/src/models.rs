@@ -9,7 +9,9 @@ use std::sync::Arc;
 use candle_core::{DType, Device};
 use tandem_engine::{Gemma4Target, Target};
 use tandem_gemma::gemma4::Gemma4;
-use tandem_gemma::{DeviceGemma3, DeviceOptions, Gemma3, LoadOptions, Precision, TargetHead};
+use tandem_gemma::{
+    prepare_device, DeviceGemma3, DeviceOptions, Gemma3, LoadOptions, Precision, TargetHead,
+};
 use tandem_tokenizer::GemmaTokenizer;
 
 /// File name of the default target inside the models folder.
@@ -202,11 +204,17 @@ impl ModelArgs {
         Gemma3::load_with(path, &opts).with_context(|| format!("loading {}", display(path)))
     }
 
+    /// The candle device `--device` names, `None` for the CPU kernels.
+    pub fn candle_device(&self) -> Result<Option<Device>> {
+        match self.device {
+            DeviceArg::Cpu => Ok(None),
+            DeviceArg::Cuda(n) => cuda(n).map(Some),
+        }
+    }
+
     /// The Gemma 3 at the checked `path` on CUDA device `n`.
     fn device_gemma3_at(&self, path: &Path, n: usize) -> Result<DeviceGemma3> {
-        let device = Device::new_cuda(n).with_context(|| {
-            format!("opening CUDA device {n} (is this a build with --features cuda?)")
-        })?;
+        let device = cuda(n)?;
         let opts = DeviceOptions {
             device,
             dtype: self.dtype.into(),
@@ -222,6 +230,15 @@ impl ModelArgs {
             DeviceArg::Cuda(_) => format!("{} {:?}", self.device, self.dtype).to_lowercase(),
         }
     }
+}
+
+/// CUDA device `n`, prepared for launch-bound work ([`prepare_device`]).
+fn cuda(n: usize) -> Result<Device> {
+    let device = Device::new_cuda(n).with_context(|| {
+        format!("opening CUDA device {n} (is this a build with --features cuda?)")
+    })?;
+    prepare_device(&device)?;
+    Ok(device)
 }
 
 fn display(p: &Path) -> String {

@@ -8,9 +8,9 @@ use tandem_gemma::{RestrictedHead, TargetHead};
 
 use crate::config::DraftVocab;
 use crate::error::{DsparkError, Result};
-use tandem_kernels::{dot, rms_norm};
+use tandem_kernels::rms_norm;
 
-use crate::frozen::{sigmoid, Frozen, KeyValues};
+use crate::frozen::{Frozen, KeyValues};
 use crate::model::Dspark;
 
 /// A drafter frozen for inference against one target: its parameters copied out of their
@@ -183,48 +183,19 @@ impl Drafter {
     ) -> Result<DraftBlock> {
         self.check_request(*req)?;
         let bb = self.backbone(cache, req.anchor, req.gamma)?;
-        let mut block = DraftBlock::default();
-        let mut prev = req.anchor;
-        for k in 0..req.gamma {
+        let params = *sampler.params();
+        sample_block(&self.vocab, req, sampler, |k, prev| {
             let (logits, conf) = self.markov_step(&bb, k, prev)?;
-            let dist = distribution(&logits, sampler.params());
-            let pick = match dist.ids.len() {
-                1 => dist.ids[0],
-                _ => dist.draw(sampler.uniform()),
-            };
-            prev = self.vocab.target_id(pick as usize);
-            block.tokens.push(prev);
-            block.confidences.push(conf);
-            block.dists.push(SparseDist {
-                ids: dist
-                    .ids
-                    .iter()
-                    .map(|i| self.vocab.target_id(*i as usize))
-                    .collect(),
-                probs: dist.probs,
-            });
-        }
-        Ok(block)
+            Ok((distribution(&logits, &params), conf))
+        })
     }
 
     fn check_request(&self, req: DraftRequest) -> Result<()> {
-        if req.gamma == 0 || req.gamma > self.gamma {
-            return Err(DsparkError::Invalid(format!(
-                "gamma {} is outside 1..={}",
-                req.gamma, self.gamma
-            )));
-        }
-        self.check_token(req.anchor)
+        check_request(req, self.gamma, self.vocab_size)
     }
 
     fn check_token(&self, t: u32) -> Result<()> {
-        if t as usize >= self.vocab_size {
-            return Err(DsparkError::Invalid(format!(
-                "token {t} is outside the target vocabulary of {}",
-                self.vocab_size
-            )));
-        }
-        Ok(())
+        check_token(t, self.vocab_size)
     }
 
     /// The backbone over the full configured block (as trained), base logits of the first
@@ -232,12 +203,7 @@ impl Drafter {
     fn backbone(&self, cache: &ContextCache, anchor: u32, gamma: usize) -> Result<Backbone> {
         let f = &self.frozen;
         let d = f.tok_proj.out();
-        let emb = self.target.embed(anchor)?;
-        let mut block = f.block_init.clone();
-        block[..d]
-            .iter_mut()
-            .zip(f.tok_proj.apply(&emb, 1)?)
-            .for_each(|(b, e)| *b += e);
+        let mut block = f.block(&self.target.embed(anchor)?)?;
         for (layer, kv) in f.layers.iter().zip(&cache.layers) {
             block = layer.forward(&block, kv, self.heads, self.eps)?;
         }
@@ -250,15 +216,65 @@ impl Drafter {
     /// Logits and confidence of block position `k` given the previous token `prev`.
     fn markov_step(&self, bb: &Backbone, k: usize, prev: u32) -> Result<(Vec<f32>, f32)> {
         let f = &self.frozen;
-        let (r, vd, d) = (f.rank(), self.restricted.len(), f.tok_proj.out());
+        let (vd, d) = (self.restricted.len(), f.tok_proj.out());
         let row = self.vocab.markov_row(prev);
-        let e1 = &f.markov_w1[row * r..(row + 1) * r];
-        let mut logits = f.markov_w2.apply(e1, 1)?;
+        let mut logits = f.markov_w2.apply(f.markov_e1(row), 1)?;
         logits
             .iter_mut()
             .zip(&bb.base[k * vd..(k + 1) * vd])
             .for_each(|(m, b)| *m += b);
-        let z = dot(&bb.out[k * d..(k + 1) * d], &f.conf_w[..d]) + dot(e1, &f.conf_w[d..]);
-        Ok((logits, sigmoid(z + f.conf_b)))
+        Ok((logits, f.confidence(&bb.out[k * d..(k + 1) * d], row)))
     }
+}
+
+/// Fails unless `req` asks for `1..=gamma` tokens after a token of the target vocabulary.
+pub(crate) fn check_request(req: DraftRequest, gamma: usize, vocab_size: usize) -> Result<()> {
+    if req.gamma == 0 || req.gamma > gamma {
+        return Err(DsparkError::Invalid(format!(
+            "gamma {} is outside 1..={gamma}",
+            req.gamma
+        )));
+    }
+    check_token(req.anchor, vocab_size)
+}
+
+fn check_token(t: u32, vocab_size: usize) -> Result<()> {
+    if t as usize >= vocab_size {
+        return Err(DsparkError::Invalid(format!(
+            "token {t} is outside the target vocabulary of {vocab_size}"
+        )));
+    }
+    Ok(())
+}
+
+/// Draws the block of `req` position by position (Alg. 1's sequential Markov pass):
+/// `step(k, prev)` gives position `k`'s distribution over the draft vocabulary and its
+/// confidence after target token `prev`; the draw becomes the next `prev`.
+pub(crate) fn sample_block(
+    vocab: &DraftVocab,
+    req: &DraftRequest,
+    sampler: &mut Sampler,
+    mut step: impl FnMut(usize, u32) -> Result<(SparseDist, f32)>,
+) -> Result<DraftBlock> {
+    let mut block = DraftBlock::default();
+    let mut prev = req.anchor;
+    for k in 0..req.gamma {
+        let (dist, conf) = step(k, prev)?;
+        let pick = match dist.ids.len() {
+            1 => dist.ids[0],
+            _ => dist.draw(sampler.uniform()),
+        };
+        prev = vocab.target_id(pick as usize);
+        block.tokens.push(prev);
+        block.confidences.push(conf);
+        block.dists.push(SparseDist {
+            ids: dist
+                .ids
+                .iter()
+                .map(|i| vocab.target_id(*i as usize))
+                .collect(),
+            probs: dist.probs,
+        });
+    }
+    Ok(block)
 }

@@ -166,6 +166,29 @@ impl Frozen {
     pub(crate) fn rank(&self) -> usize {
         self.markov_w2.0.k()
     }
+
+    /// The block's input rows `[γ, d]` for an anchor whose target embedding is `emb`.
+    pub(crate) fn block(&self, emb: &[f32]) -> Result<Vec<f32>> {
+        let mut block = self.block_init.clone();
+        block
+            .iter_mut()
+            .zip(self.tok_proj.apply(emb, 1)?)
+            .for_each(|(b, e)| *b += e);
+        Ok(block)
+    }
+
+    /// The Markov head's `W1` row of Markov row `row`.
+    pub(crate) fn markov_e1(&self, row: usize) -> &[f32] {
+        let r = self.rank();
+        &self.markov_w1[row * r..(row + 1) * r]
+    }
+
+    /// The confidence of a block position with final state `out` and Markov row `row`.
+    pub(crate) fn confidence(&self, out: &[f32], row: usize) -> f32 {
+        let d = out.len();
+        let z = dot(out, &self.conf_w[..d]) + dot(self.markov_e1(row), &self.conf_w[d..]);
+        sigmoid(z + self.conf_b)
+    }
 }
 
 /// Keys and values `[n, d]`, row-major.

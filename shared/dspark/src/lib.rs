@@ -10,12 +10,15 @@
 //! * [`Drafter`] is a drafter frozen for inference (plain f32 over the batch-invariant
 //!   kernels); its [`ContextCache`] keeps a session's projected context so drafting costs
 //!   attention over (context + γ), never a re-projection of the context.
-//! * [`DsparkProposer`] implements [`tandem_core::Proposer`].
+//! * [`DeviceDrafter`] runs the same inference forward in candle ops on a device (a GPU
+//!   beside a GPU target), its [`DeviceContext`] kept there.
+//! * [`DsparkProposer`] implements [`tandem_core::Proposer`] over either.
 //! * Checkpoints are safetensors plus a manifest bound to the target's identity.
 
 mod backbone;
 mod checkpoint;
 mod config;
+mod device;
 mod draft;
 mod error;
 mod frozen;
@@ -26,8 +29,9 @@ mod train;
 
 pub use checkpoint::{SaveOptions, MANIFEST};
 pub use config::{DraftVocab, DsparkConfig, TargetDims};
+pub use device::{DeviceContext, DeviceDrafter};
 pub use draft::{ContextCache, DraftRequest, Drafter, ScoredBlock};
 pub use error::{DsparkError, Result};
 pub use model::Dspark;
-pub use proposer::DsparkProposer;
+pub use proposer::{BlockDrafter, DsparkProposer};
 pub use train::{TrainBatch, TrainOutput};

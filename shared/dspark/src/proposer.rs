@@ -4,12 +4,15 @@
 
 use std::sync::Arc;
 
+use candle_core::Device;
+
 use tandem_core::{
     DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, Sampler, SamplingParams,
     SnapshotRows, SnapshotSpec,
 };
 use tandem_gemma::TargetHead;
 
+use crate::device::{DeviceContext, DeviceDrafter};
 use crate::draft::{ContextCache, DraftRequest, Drafter};
 use crate::error::{DsparkError, Result};
 use crate::model::Dspark;
@@ -17,26 +20,101 @@ use crate::model::Dspark;
 /// XORed into the request seed so the drafter's key stream is not the verifier's.
 const DRAFT_SEED_MIX: u64 = 0xD5FA_4C0D_E5EE_D001;
 
-/// A DSpark drafter serving sessions.
-pub struct DsparkProposer {
-    drafter: Arc<Drafter>,
+/// What a DSpark proposer drafts with: the host [`Drafter`] or a [`DeviceDrafter`], each
+/// with its own per-session context.
+pub trait BlockDrafter: Send + Sync + 'static {
+    /// A session's projected context.
+    type Context: Send + 'static;
+    /// Floats per snapshot row.
+    fn row_width(&self) -> usize;
+    /// An empty context.
+    fn new_context(&self) -> Self::Context;
+    /// Positions `ctx` holds.
+    fn context_len(ctx: &Self::Context) -> usize;
+    /// Appends the rows of the next committed positions.
+    fn extend(&self, ctx: &mut Self::Context, rows: &[f32]) -> Result<()>;
+    /// Drafts a block.
+    fn draft(&self, ctx: &Self::Context, req: &DraftRequest, s: &mut Sampler)
+        -> Result<DraftBlock>;
+}
+
+impl BlockDrafter for Drafter {
+    type Context = ContextCache;
+    fn row_width(&self) -> usize {
+        Drafter::row_width(self)
+    }
+    fn new_context(&self) -> ContextCache {
+        self.new_cache()
+    }
+    fn context_len(ctx: &ContextCache) -> usize {
+        ctx.len()
+    }
+    fn extend(&self, ctx: &mut ContextCache, rows: &[f32]) -> Result<()> {
+        Drafter::extend(self, ctx, rows)
+    }
+    fn draft(&self, ctx: &ContextCache, req: &DraftRequest, s: &mut Sampler) -> Result<DraftBlock> {
+        Drafter::draft(self, ctx, req, s)
+    }
+}
+
+impl BlockDrafter for DeviceDrafter {
+    type Context = DeviceContext;
+    fn row_width(&self) -> usize {
+        DeviceDrafter::row_width(self)
+    }
+    fn new_context(&self) -> DeviceContext {
+        DeviceDrafter::new_context(self)
+    }
+    fn context_len(ctx: &DeviceContext) -> usize {
+        ctx.len()
+    }
+    fn extend(&self, ctx: &mut DeviceContext, rows: &[f32]) -> Result<()> {
+        DeviceDrafter::extend(self, ctx, rows)
+    }
+    fn draft(
+        &self,
+        ctx: &DeviceContext,
+        req: &DraftRequest,
+        s: &mut Sampler,
+    ) -> Result<DraftBlock> {
+        DeviceDrafter::draft(self, ctx, req, s)
+    }
+}
+
+/// A DSpark drafter serving sessions, on the host ([`Drafter`], the default) or on a
+/// candle device ([`DeviceDrafter`]).
+pub struct DsparkProposer<D: BlockDrafter = Drafter> {
+    drafter: Arc<D>,
     max_gamma: usize,
     spec: SnapshotSpec,
 }
 
 impl DsparkProposer {
-    /// A proposer for `model` drafting through `target`'s head (checked to be the target
-    /// the model was made for).
+    /// A proposer for `model` drafting on the host through `target`'s head (checked to be
+    /// the target the model was made for).
     pub fn new(model: Arc<Dspark>, target: &TargetHead) -> Result<Self> {
+        Self::with(model.drafter(target)?, &model)
+    }
+}
+
+impl DsparkProposer<DeviceDrafter> {
+    /// A proposer for `model` drafting on `device` through `target`'s head.
+    pub fn on_device(model: Arc<Dspark>, target: &TargetHead, device: &Device) -> Result<Self> {
+        Self::with(model.device_drafter(target, device)?, &model)
+    }
+}
+
+impl<D: BlockDrafter> DsparkProposer<D> {
+    fn with(drafter: D, model: &Dspark) -> Result<Self> {
         Ok(Self {
-            drafter: Arc::new(model.drafter(target)?),
+            drafter: Arc::new(drafter),
             max_gamma: model.config().gamma,
             spec: SnapshotSpec::taps(&model.config().tap_layers, model.dims().hidden),
         })
     }
 }
 
-impl Proposer for DsparkProposer {
+impl<D: BlockDrafter> Proposer for DsparkProposer<D> {
     fn snapshot_spec(&self) -> SnapshotSpec {
         self.spec.clone()
     }
@@ -54,8 +132,8 @@ impl Proposer for DsparkProposer {
             ..*sampling
         };
         let sampler = Sampler::new(params).map_err(|e| ProposeError::Invalid(e.to_string()))?;
-        Ok(Box::new(DsparkSession {
-            cache: self.drafter.new_cache(),
+        Ok(Box::new(DsparkSession::<D> {
+            cache: self.drafter.new_context(),
             drafter: Arc::clone(&self.drafter),
             sampler,
         }))
@@ -63,9 +141,9 @@ impl Proposer for DsparkProposer {
 }
 
 /// One generation's drafting state.
-struct DsparkSession {
-    drafter: Arc<Drafter>,
-    cache: ContextCache,
+struct DsparkSession<D: BlockDrafter> {
+    drafter: Arc<D>,
+    cache: D::Context,
     sampler: Sampler,
 }
 
@@ -76,7 +154,7 @@ fn to_propose_error(e: DsparkError) -> ProposeError {
     }
 }
 
-impl ProposerSession for DsparkSession {
+impl<D: BlockDrafter> ProposerSession for DsparkSession<D> {
     fn extend(&mut self, rows: &SnapshotRows) -> std::result::Result<(), ProposeError> {
         let width = self.drafter.row_width();
         if rows.width != width || !rows.data.len().is_multiple_of(width) {
@@ -86,11 +164,11 @@ impl ProposerSession for DsparkSession {
                 rows.data.len()
             )));
         }
-        if rows.start != self.cache.len() {
+        if rows.start != D::context_len(&self.cache) {
             return Err(ProposeError::Invalid(format!(
                 "rows start at position {}, but {} positions were received",
                 rows.start,
-                self.cache.len()
+                D::context_len(&self.cache)
             )));
         }
         self.drafter
@@ -99,11 +177,11 @@ impl ProposerSession for DsparkSession {
     }
 
     fn propose(&mut self, req: &ProposeRequest) -> std::result::Result<DraftBlock, ProposeError> {
-        if req.position != self.cache.len() {
+        if req.position != D::context_len(&self.cache) {
             return Err(ProposeError::Invalid(format!(
                 "proposal at position {}, but {} positions were received",
                 req.position,
-                self.cache.len()
+                D::context_len(&self.cache)
             )));
         }
         let draft = DraftRequest {

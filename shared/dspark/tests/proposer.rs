@@ -5,7 +5,9 @@ mod common;
 
 use std::sync::Arc;
 
+use candle_core::Device;
 use common::*;
+use tandem_core::DraftBlock;
 use tandem_core::{
     ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams, SnapshotRows,
 };
@@ -26,7 +28,7 @@ fn rows(start: usize, n: usize, width: usize, seed: u64) -> SnapshotRows {
 }
 
 /// Runs a session: three rounds of extend + propose; returns the blocks.
-fn session(p: &DsparkProposer, params: SamplingParams) -> Vec<tandem_core::DraftBlock> {
+fn session(p: &dyn Proposer, params: SamplingParams) -> Vec<tandem_core::DraftBlock> {
     let w = p.snapshot_spec().row_width();
     let mut s = p.open(&params).expect("open");
     let mut blocks = Vec::new();
@@ -171,4 +173,49 @@ fn drafting_with_an_empty_context_works() {
         gamma: 3,
     };
     assert_eq!(s.propose(&req).expect("propose").tokens.len(), 3);
+}
+
+/// The same blocks up to float rounding: equal tokens and ids, close probabilities and
+/// confidences.
+fn assert_same_blocks(a: &[DraftBlock], b: &[DraftBlock]) {
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x.tokens, y.tokens);
+        assert!(max_abs_diff(&x.confidences, &y.confidences) < 1e-5);
+        for (p, q) in x.dists.iter().zip(&y.dists) {
+            assert_eq!(p.ids, q.ids);
+            assert!(max_abs_diff(&p.probs, &q.probs) < 1e-5);
+        }
+    }
+}
+
+/// The device drafter (here on candle's CPU backend) drafts the host drafter's blocks,
+/// greedy and sampled, with and without a draft vocabulary, with and without context.
+#[test]
+fn device_drafting_matches_the_host_drafter() {
+    let head = tiny_head(1);
+    let vocab = DsparkConfig {
+        draft_vocab: Some((10..40).rev().collect()),
+        ..tiny_config()
+    };
+    for cfg in [tiny_config(), vocab] {
+        let model = Arc::new(busy_drafter(cfg, &head, 3));
+        let host = DsparkProposer::new(Arc::clone(&model), &head).expect("host");
+        let device = DsparkProposer::on_device(model, &head, &Device::Cpu).expect("device");
+        for params in [SamplingParams::default(), sampled(7)] {
+            assert_same_blocks(&session(&host, params), &session(&device, params));
+            let req = ProposeRequest {
+                anchor: 2,
+                position: 0,
+                gamma: 3,
+            };
+            let empty = |p: &dyn Proposer| {
+                p.open(&params)
+                    .expect("open")
+                    .propose(&req)
+                    .expect("propose")
+            };
+            assert_same_blocks(&[empty(&host)], &[empty(&device)]);
+        }
+    }
 }
