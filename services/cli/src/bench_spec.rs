@@ -65,6 +65,11 @@ pub struct SpecArgs {
     /// Temperature of the sampled runs.
     #[arg(long, default_value_t = 0.7)]
     temperature: f32,
+    /// Times the whole comparison runs, each time plain then every γ, so that a machine
+    /// that drifts slows every configuration alike; the figures sum over all. A warm-up
+    /// generation, not counted, runs first.
+    #[arg(long, default_value_t = 2)]
+    repeats: usize,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -102,9 +107,10 @@ pub struct Mode {
 struct SpecReport {
     drafter: String,
     via: &'static str,
-    /// Where and how the target ran (`cpu exact`, `cuda:0 f32`, ...); the drafter runs on
-    /// the CPU.
+    /// Where and how the target ran (`cpu exact`, `cuda:0 f32`, ...); a DSpark drafter
+    /// runs there too.
     backend: String,
+    repeats: usize,
     prompts: usize,
     prompt_tokens: usize,
     max_tokens: usize,
@@ -123,8 +129,13 @@ enum Runner<'a> {
 }
 
 pub fn run(a: SpecArgs) -> Result<()> {
-    if a.prompts == 0 || a.max_tokens < 2 || a.gammas.is_empty() || a.gammas.contains(&0) {
-        bail!("--prompts and --gammas must be >= 1 and --max-tokens >= 2");
+    if a.prompts == 0
+        || a.repeats == 0
+        || a.max_tokens < 2
+        || a.gammas.is_empty()
+        || a.gammas.contains(&0)
+    {
+        bail!("--prompts, --repeats and --gammas must be >= 1 and --max-tokens >= 2");
     }
     let max_gamma = a.gammas.iter().copied().max().unwrap_or(1);
     let rt = serve::runtime()?;
@@ -169,6 +180,7 @@ pub fn run(a: SpecArgs) -> Result<()> {
         prompts: prompts.len(),
         prompt_tokens: prompts.first().map_or(0, Vec::len),
         max_tokens: a.max_tokens,
+        repeats: a.repeats,
         modes,
     };
     print_report(&report);
@@ -228,50 +240,90 @@ fn held_out_prompts(engine: &Engine, a: &SpecArgs) -> Result<Vec<Vec<u32>>> {
     Ok(p.held_out)
 }
 
-/// Plain and speculative decoding of every prompt at one temperature.
+/// Plain and speculative decoding of every prompt at one temperature, `--repeats` times.
 fn mode(runner: &Runner<'_>, prompts: &[Vec<u32>], a: &SpecArgs, temperature: f32) -> Result<Mode> {
     let sampling = SamplingParams {
         temperature,
         seed: a.seed,
         ..SamplingParams::default()
     };
-    let (plain, _) = decode_all(runner, prompts, a, sampling, 0)?;
-    let mut runs = Vec::new();
-    for &gamma in &a.gammas {
-        let (tok_s, s) = decode_all(runner, prompts, a, sampling, gamma)?;
-        runs.push(SpecRun {
-            gamma,
-            tau: s.mean_acceptance_length().unwrap_or(1.0),
-            acceptance_per_position: s.acceptance_per_position(),
-            draft_s: s.draft_s,
-            verify_s: s.verify_s,
-            draft_share: s.draft_s / (s.draft_s + s.verify_s).max(1e-9),
-            tok_s,
-            speedup: tok_s / plain.max(1e-9),
-        });
+    let max_gamma = a.gammas.iter().copied().max().unwrap_or(1);
+    decode_all(runner, &prompts[..1], a, sampling, max_gamma)?;
+    let mut plain = Tally::default();
+    let mut spec: Vec<Tally> = a.gammas.iter().map(|_| Tally::default()).collect();
+    for _ in 0..a.repeats {
+        plain.add(decode_all(runner, prompts, a, sampling, 0)?);
+        for (t, &gamma) in spec.iter_mut().zip(&a.gammas) {
+            t.add(decode_all(runner, prompts, a, sampling, gamma)?);
+        }
     }
+    let runs = a
+        .gammas
+        .iter()
+        .zip(&spec)
+        .map(|(&gamma, t)| {
+            let s = &t.stats;
+            SpecRun {
+                gamma,
+                tau: s.mean_acceptance_length().unwrap_or(1.0),
+                acceptance_per_position: s.acceptance_per_position(),
+                draft_s: s.draft_s,
+                verify_s: s.verify_s,
+                draft_share: s.draft_s / (s.draft_s + s.verify_s).max(1e-9),
+                tok_s: t.tok_s(),
+                speedup: t.tok_s() / plain.tok_s().max(1e-9),
+            }
+        })
+        .collect();
     Ok(Mode {
         temperature,
-        plain_tok_s: plain,
+        plain_tok_s: plain.tok_s(),
         runs,
     })
 }
 
-/// Decode tokens/s over all prompts and the merged speculation figures (`gamma` 0: plain).
+/// Decoded tokens (the first, chosen by the prefill, left out), decode seconds and the
+/// speculation figures of some generations.
+#[derive(Default)]
+struct Tally {
+    tokens: usize,
+    secs: f64,
+    stats: SpecStats,
+}
+
+impl Tally {
+    fn add(&mut self, other: Tally) {
+        self.tokens += other.tokens;
+        self.secs += other.secs;
+        merge(&mut self.stats, &other.stats);
+    }
+
+    fn count(&mut self, completion_tokens: usize, secs: f64, stats: &SpecStats) {
+        self.tokens += completion_tokens.saturating_sub(1);
+        self.secs += secs;
+        merge(&mut self.stats, stats);
+    }
+
+    fn tok_s(&self) -> f64 {
+        self.tokens as f64 / self.secs.max(1e-9)
+    }
+}
+
+/// Every prompt decoded once (`gamma` 0: plain).
 fn decode_all(
     runner: &Runner<'_>,
     prompts: &[Vec<u32>],
     a: &SpecArgs,
     sampling: SamplingParams,
     gamma: usize,
-) -> Result<(f64, SpecStats)> {
+) -> Result<Tally> {
     let (engine, proposer) = match runner {
         Runner::Local { engine, proposer } => (*engine, *proposer),
         Runner::Remote { rt, url } => {
             return rt.block_on(remote_all(url, prompts, a, sampling, gamma));
         }
     };
-    let (mut tokens, mut secs, mut stats) = (0usize, 0f64, SpecStats::default());
+    let mut tally = Tally::default();
     for prompt in prompts {
         let req = GenerationRequest {
             prompt: prompt.clone(),
@@ -284,11 +336,9 @@ fn decode_all(
         };
         let proposer = (gamma > 0).then_some(proposer);
         let out = engine.generate(&req, proposer, &mut |_: &Update| ControlFlow::Continue(()))?;
-        tokens += out.tokens.len().saturating_sub(1);
-        secs += out.timing.decode_s;
-        merge(&mut stats, &out.spec);
+        tally.count(out.tokens.len(), out.timing.decode_s, &out.spec);
     }
-    Ok((tokens as f64 / secs.max(1e-9), stats))
+    Ok(tally)
 }
 
 /// [`decode_all`] through the verifier at `url`: its timings and statistics, as it reports
@@ -299,9 +349,9 @@ async fn remote_all(
     a: &SpecArgs,
     sampling: SamplingParams,
     gamma: usize,
-) -> Result<(f64, SpecStats)> {
+) -> Result<Tally> {
     let mut client = pb::generation_client::GenerationClient::connect(url.to_string()).await?;
-    let (mut tokens, mut secs, mut stats) = (0usize, 0f64, SpecStats::default());
+    let mut tally = Tally::default();
     for prompt in prompts {
         let req = pb::GenerateRequest {
             prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds {
@@ -316,14 +366,13 @@ async fn remote_all(
         };
         let f = client::finished(&mut client, req).await?;
         let usage = f.usage.unwrap_or_default();
-        tokens += (usage.completion_tokens as usize).saturating_sub(1);
-        secs += (f.total_seconds - f.ttft_seconds).max(0.0);
-        merge(
-            &mut stats,
+        tally.count(
+            usage.completion_tokens as usize,
+            (f.total_seconds - f.ttft_seconds).max(0.0),
             &spec_from_pb(&f.speculation.unwrap_or_default()),
         );
     }
-    Ok((tokens as f64 / secs.max(1e-9), stats))
+    Ok(tally)
 }
 
 fn spec_from_pb(s: &pb::SpeculationStats) -> SpecStats {
@@ -359,8 +408,8 @@ fn merge(into: &mut SpecStats, s: &SpecStats) {
 
 fn print_report(r: &SpecReport) {
     println!(
-        "drafter {} ({}, target on {}): {} held-out prompts of {} tokens, {} tokens each",
-        r.drafter, r.via, r.backend, r.prompts, r.prompt_tokens, r.max_tokens
+        "drafter {} ({}, target on {}): {} held-out prompts of {} tokens, {} tokens each, {} times",
+        r.drafter, r.via, r.backend, r.prompts, r.prompt_tokens, r.max_tokens, r.repeats
     );
     for m in &r.modes {
         println!("T = {}: plain {:.1} tok/s", m.temperature, m.plain_tok_s);
