@@ -38,8 +38,9 @@ pub struct ModelArgs {
     /// or `int8` (llama.cpp-style 8-bit activations).
     #[arg(long, env = "TANDEM_PRECISION", value_enum, default_value_t = PrecisionArg::Exact)]
     pub precision: PrecisionArg,
-    /// Where a Gemma 3 target runs: `cpu` (tandem's batch-invariant kernels) or `cuda` /
-    /// `cuda:N` (candle's CUDA backend, in a build with `--features cuda`).
+    /// Where a Gemma 3 target runs, and a DSpark drafter with it: `cpu` (tandem's
+    /// batch-invariant kernels) or `cuda` / `cuda:N` (candle's CUDA backend, in a build with
+    /// `--features cuda`).
     #[arg(long, env = "TANDEM_DEVICE", default_value = "cpu")]
     pub device: DeviceArg,
     /// Weights and activations of a `cuda` target.
