@@ -6,7 +6,10 @@
 //!
 //! in units of a one-token target forward, `verify(b) = 1 + slope·(b − 1)` (the slope and
 //! the draft cost are learnt from the rounds' timings once a plain round has measured a
-//! one-token forward; until then the configured priors stand). `γ = 0` is a
+//! one-token forward; until then the configured priors stand). A generation that neither
+//! measured nor inherited a one-token forward makes its second round a plain one to time
+//! it: the slope prior is a CPU figure (a 9-token verify ≈ 3.4 steps), and where a step is
+//! launch-bound (the H200: ≈ 1.3 steps) it would keep blocks short. `γ = 0` is a
 //! plain round, so speculation that does not pay turns itself off; every `probe_every`
 //! plain rounds a one-token draft measures the drafter again. Acceptance rates are estimated
 //! from exponentially decayed counts under a prior that expects each position to do as well
@@ -112,6 +115,8 @@ pub struct GammaPolicy {
     extra_s: Option<f64>,
     /// Plain rounds since the last drafted round.
     plain_rounds: usize,
+    /// Whether a plain round was recorded (timed or not).
+    timed_plain: bool,
 }
 
 impl GammaPolicy {
@@ -132,6 +137,7 @@ impl GammaPolicy {
             step_s: None,
             extra_s: None,
             plain_rounds: 0,
+            timed_plain: false,
             cfg,
         })
     }
@@ -215,7 +221,7 @@ impl GammaPolicy {
 
     /// The γ of the next round.
     pub fn choose(&self) -> usize {
-        if self.cfg.max_gamma == 0 {
+        if self.cfg.max_gamma == 0 || self.needs_step_timing() {
             return 0;
         }
         let rates = self
@@ -229,6 +235,12 @@ impl GammaPolicy {
         }
     }
 
+    /// Whether the next round should be plain to time a one-token forward: drafting has
+    /// begun, and no plain round was recorded here nor a step time inherited.
+    fn needs_step_timing(&self) -> bool {
+        self.step_s.is_none() && !self.timed_plain && self.drafted.first() > Some(&0.0)
+    }
+
     /// Records a round: `drafted` tokens of which the first `accepted` were accepted, the
     /// seconds spent drafting and verifying.
     pub fn record(&mut self, drafted: usize, accepted: usize, draft_s: f64, verify_s: f64) {
@@ -238,6 +250,7 @@ impl GammaPolicy {
         let drafted = drafted.min(self.cfg.max_gamma);
         if drafted == 0 {
             self.plain_rounds += 1;
+            self.timed_plain = true;
             if timed {
                 self.step_s = ema(self.step_s, verify_s);
             }
@@ -331,6 +344,58 @@ mod tests {
             p.verify_slope()
         );
         assert!((p.cost(0) - 1.0).abs() < 1e-12);
+    }
+
+    /// Runs 40 rounds whose blocks are accepted up to the lengths in `cycle` (in turn),
+    /// with a one-token step of 4 ms and `per_token` seconds more per drafted token;
+    /// returns the choices and the policy.
+    fn run(cycle: &[usize], per_token: f64) -> (Vec<usize>, GammaPolicy) {
+        let mut p = policy(8);
+        let mut chosen = Vec::new();
+        for r in 0..40 {
+            let g = p.choose();
+            chosen.push(g);
+            p.record(
+                g,
+                g.min(cycle[r % cycle.len()]),
+                0.001,
+                0.004 + per_token * g as f64,
+            );
+        }
+        (chosen, p)
+    }
+
+    /// Where a verify costs little more than a step (a launch-bound GPU: 0.2 ms per drafted
+    /// token on 4 ms), the second round times a plain step, the slope learnt replaces the
+    /// CPU prior and blocks grow longer than where each token costs 0.3 steps; the timing
+    /// is taken once, and not again by a generation that inherits it.
+    #[test]
+    fn a_plain_round_times_the_step_once_and_frees_long_blocks() {
+        let cycle = [8, 2, 5, 1, 8, 3, 6, 0];
+        let (gpu, p) = run(&cycle, 0.0002);
+        assert_eq!(gpu[1], 0, "the second round is plain: {gpu:?}");
+        assert!(gpu[2..].iter().all(|g| *g > 0), "{gpu:?}");
+        assert!(
+            (p.verify_slope() - 0.05).abs() < 1e-9,
+            "{}",
+            p.verify_slope()
+        );
+        let (cpu, _) = run(&cycle, 0.0012);
+        let tail = |c: &[usize]| c[20..].iter().sum::<usize>();
+        assert!(tail(&gpu) > tail(&cpu), "gpu {gpu:?} cpu {cpu:?}");
+        let next = GammaPolicy::with_learnt(GammaPolicyConfig::new(8), &p.learnt()).expect("valid");
+        assert!(
+            !next.needs_step_timing(),
+            "an inherited step time is not measured again"
+        );
+        let mut untimed = policy(8);
+        untimed.record(4, 2, 0.001, 0.01);
+        assert_eq!(untimed.choose(), 0);
+        untimed.record(0, 0, 0.0, f64::NAN);
+        assert!(
+            untimed.choose() > 0,
+            "an untimed plain round is not repeated"
+        );
     }
 
     #[test]
