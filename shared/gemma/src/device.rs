@@ -340,16 +340,13 @@ impl DeviceGemma3 {
             cfg.num_key_value_heads,
             cfg.head_dim,
         );
-        let qkv = rms_norm(x, &l.attn_norm, eps)?.matmul(&l.qkv.t()?)?;
-        let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
+        let [q, k, v] = self.qkv(l, &rms_norm(x, &l.attn_norm, eps)?)?;
         let (cos, sin) = if l.sliding { &ctx.local } else { &ctx.global };
-        let q = qkv.narrow(1, 0, q_dim)?.reshape((b, m, nh, hd))?;
+        let q = q.reshape((b, m, nh, hd))?;
         let q = rope_thd(&rms_norm(&q, &l.q_norm, eps)?, cos, sin)?;
-        let k = qkv.narrow(1, q_dim, kv_dim)?.reshape((b, m, nkv, hd))?;
+        let k = k.reshape((b, m, nkv, hd))?;
         let k = rope_thd(&rms_norm(&k, &l.k_norm, eps)?, cos, sin)?;
-        let v = qkv
-            .narrow(1, q_dim + kv_dim, kv_dim)?
-            .reshape((b, m, nkv, hd))?;
+        let v = v.reshape((b, m, nkv, hd))?;
         let pos = ctx.pos;
         cache.k[idx].slice_set(&k, 1, pos)?;
         cache.v[idx].slice_set(&v, 1, pos)?;
@@ -369,6 +366,28 @@ impl DeviceGemma3 {
         let act = (gate_up.narrow(1, 0, f)?.gelu()? * gate_up.narrow(1, f, f)?)?;
         let down = rms_norm(&act.matmul(&l.down.t()?)?, &l.post_ffn_norm, eps)?;
         Ok((x + down)?)
+    }
+
+    /// The query, key and value rows of normed rows `x`. One row takes one product with
+    /// the fused matrix (its column slices are contiguous); several take one product per
+    /// row slice of it, so that no output needs a copy before its reshape.
+    fn qkv(&self, l: &Layer, x: &Tensor) -> Result<[Tensor; 3]> {
+        let (q_dim, kv_dim) = (self.cfg.q_dim(), self.cfg.kv_dim());
+        let fused = match x.dim(0)? {
+            1 => Some(x.matmul(&l.qkv.t()?)?),
+            _ => None,
+        };
+        let part = |at: usize, n: usize| -> Result<Tensor> {
+            Ok(match &fused {
+                Some(qkv) => qkv.narrow(1, at, n)?,
+                None => x.matmul(&l.qkv.narrow(0, at, n)?.t()?)?,
+            })
+        };
+        Ok([
+            part(0, q_dim)?,
+            part(q_dim, kv_dim)?,
+            part(q_dim + kv_dim, kv_dim)?,
+        ])
     }
 
     /// Grouped-query attention of `q` (`[b, m, heads, hd]`, already scaled) over
