@@ -155,17 +155,18 @@ impl Drafter {
         let anchor = *prev
             .first()
             .ok_or_else(|| DsparkError::Invalid("no previous tokens".into()))?;
-        self.check_request(DraftRequest {
+        let req = DraftRequest {
             anchor,
             gamma: prev.len(),
-        })?;
+        };
+        check_request(req, self.gamma, self.vocab_size)?;
         let bb = self.backbone(cache, anchor, prev.len())?;
         let mut scored = ScoredBlock {
             logits: Vec::new(),
             confidences: Vec::new(),
         };
         for (k, t) in prev.iter().enumerate() {
-            self.check_token(*t)?;
+            check_token(*t, self.vocab_size)?;
             let (logits, conf) = self.markov_step(&bb, k, *t)?;
             scored.logits.push(logits);
             scored.confidences.push(conf);
@@ -181,21 +182,13 @@ impl Drafter {
         req: &DraftRequest,
         sampler: &mut Sampler,
     ) -> Result<DraftBlock> {
-        self.check_request(*req)?;
+        check_request(*req, self.gamma, self.vocab_size)?;
         let bb = self.backbone(cache, req.anchor, req.gamma)?;
         let params = *sampler.params();
         sample_block(&self.vocab, req, sampler, |k, prev| {
             let (logits, conf) = self.markov_step(&bb, k, prev)?;
             Ok((distribution(&logits, &params), conf))
         })
-    }
-
-    fn check_request(&self, req: DraftRequest) -> Result<()> {
-        check_request(req, self.gamma, self.vocab_size)
-    }
-
-    fn check_token(&self, t: u32) -> Result<()> {
-        check_token(t, self.vocab_size)
     }
 
     /// The backbone over the full configured block (as trained), base logits of the first
