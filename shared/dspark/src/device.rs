@@ -20,7 +20,7 @@ use crate::backbone::softcap;
 use crate::config::DraftVocab;
 use crate::draft::{check_request, sample_block, DraftRequest};
 use crate::error::{DsparkError, Result};
-use crate::frozen::Frozen;
+use crate::frozen::BlockHeads;
 use crate::model::Dspark;
 use crate::params::LayerParams;
 
@@ -42,7 +42,7 @@ struct DeviceLayer {
 pub struct DeviceDrafter {
     /// Host copies of what the Markov pass reads per position (block rows, `W1`, the
     /// confidence head).
-    host: Frozen,
+    host: BlockHeads,
     layers: Vec<DeviceLayer>,
     w_c: Tensor,
     ctx_norm: Tensor,
@@ -103,7 +103,7 @@ impl Dspark {
             })
         };
         Ok(DeviceDrafter {
-            host: Frozen::of(p)?,
+            host: BlockHeads::of(p)?,
             layers: p.layers.iter().map(layer).collect::<Result<_>>()?,
             w_c: put(p.w_c.as_tensor())?,
             ctx_norm: put(p.ctx_norm.as_tensor())?,

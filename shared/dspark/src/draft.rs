@@ -195,8 +195,8 @@ impl Drafter {
     /// `gamma` positions through the quantized head.
     fn backbone(&self, cache: &ContextCache, anchor: u32, gamma: usize) -> Result<Backbone> {
         let f = &self.frozen;
-        let d = f.tok_proj.out();
-        let mut block = f.block(&self.target.embed(anchor)?)?;
+        let d = f.heads.width();
+        let mut block = f.heads.block(&self.target.embed(anchor)?)?;
         for (layer, kv) in f.layers.iter().zip(&cache.layers) {
             block = layer.forward(&block, kv, self.heads, self.eps)?;
         }
@@ -209,14 +209,14 @@ impl Drafter {
     /// Logits and confidence of block position `k` given the previous token `prev`.
     fn markov_step(&self, bb: &Backbone, k: usize, prev: u32) -> Result<(Vec<f32>, f32)> {
         let f = &self.frozen;
-        let (vd, d) = (self.restricted.len(), f.tok_proj.out());
+        let (vd, d) = (self.restricted.len(), f.heads.width());
         let row = self.vocab.markov_row(prev);
-        let mut logits = f.markov_w2.apply(f.markov_e1(row), 1)?;
+        let mut logits = f.markov_w2.apply(f.heads.markov_e1(row), 1)?;
         logits
             .iter_mut()
             .zip(&bb.base[k * vd..(k + 1) * vd])
             .for_each(|(m, b)| *m += b);
-        Ok((logits, f.confidence(&bb.out[k * d..(k + 1) * d], row)))
+        Ok((logits, f.heads.confidence(&bb.out[k * d..(k + 1) * d], row)))
     }
 }
 

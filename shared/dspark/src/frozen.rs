@@ -65,18 +65,25 @@ pub(crate) struct Frozen {
     pub(crate) layers: Vec<FrozenLayer>,
     pub(crate) w_c: Linear,
     pub(crate) ctx_norm: Vec<f32>,
-    pub(crate) tok_proj: Linear,
-    /// `[γ, d]`: `block_pos[0]`, then `mask_emb[j − 1] + block_pos[j]`.
-    pub(crate) block_init: Vec<f32>,
     pub(crate) out_norm: Vec<f32>,
     pub(crate) out_proj: Linear,
-    /// `[vd + 1, r]` row-major.
-    pub(crate) markov_w1: Vec<f32>,
     /// `W2ᵀ`: one row of `r` per draft token.
     pub(crate) markov_w2: Linear,
+    pub(crate) heads: BlockHeads,
+}
+
+/// What both inference forwards (this one and the device's) compute on the host: a block's
+/// input rows, the Markov head's `W1` rows and the confidence head.
+pub(crate) struct BlockHeads {
+    tok_proj: Linear,
+    /// `[γ, d]`: `block_pos[0]`, then `mask_emb[j − 1] + block_pos[j]`.
+    block_init: Vec<f32>,
+    /// `[vd + 1, r]` row-major.
+    markov_w1: Vec<f32>,
+    rank: usize,
     /// `[d + r]`.
-    pub(crate) conf_w: Vec<f32>,
-    pub(crate) conf_b: f32,
+    conf_w: Vec<f32>,
+    conf_b: f32,
 }
 
 impl FrozenLayer {
@@ -134,6 +141,25 @@ impl FrozenLayer {
 impl Frozen {
     /// Copies `p` out of its `Var`s.
     pub(crate) fn of(p: &Params) -> Result<Self> {
+        Ok(Self {
+            layers: p
+                .layers
+                .iter()
+                .map(FrozenLayer::of)
+                .collect::<Result<_>>()?,
+            w_c: Linear::of(&p.w_c)?,
+            ctx_norm: flat(&p.ctx_norm)?,
+            out_norm: flat(&p.out_norm)?,
+            out_proj: Linear::of(&p.out_proj)?,
+            markov_w2: Linear::of(&p.markov_w2)?,
+            heads: BlockHeads::of(p)?,
+        })
+    }
+}
+
+impl BlockHeads {
+    /// Copies the pieces of `p` it needs out of their `Var`s.
+    pub(crate) fn of(p: &Params) -> Result<Self> {
         let pos = flat(&p.block_pos)?;
         let mask = flat(&p.mask_emb)?;
         let d = pos.len() / p.block_pos.as_tensor().dim(0)?;
@@ -143,28 +169,19 @@ impl Frozen {
             .zip(&mask)
             .for_each(|(b, m)| *b += m);
         Ok(Self {
-            layers: p
-                .layers
-                .iter()
-                .map(FrozenLayer::of)
-                .collect::<Result<_>>()?,
-            w_c: Linear::of(&p.w_c)?,
-            ctx_norm: flat(&p.ctx_norm)?,
             tok_proj: Linear::of(&p.tok_proj)?,
             block_init,
-            out_norm: flat(&p.out_norm)?,
-            out_proj: Linear::of(&p.out_proj)?,
             markov_w1: flat(&p.markov_w1)?,
-            markov_w2: Linear::of(&p.markov_w2)?,
+            rank: p.markov_w1.as_tensor().dim(1)?,
             conf_w: flat(&p.conf_w)?,
             // `[1]`: the loader checks every shape.
             conf_b: flat(&p.conf_b)?[0],
         })
     }
 
-    /// Markov rank `r`.
-    pub(crate) fn rank(&self) -> usize {
-        self.markov_w2.0.k()
+    /// The drafter's width `d`.
+    pub(crate) fn width(&self) -> usize {
+        self.tok_proj.out()
     }
 
     /// The block's input rows `[γ, d]` for an anchor whose target embedding is `emb`.
@@ -179,8 +196,7 @@ impl Frozen {
 
     /// The Markov head's `W1` row of Markov row `row`.
     pub(crate) fn markov_e1(&self, row: usize) -> &[f32] {
-        let r = self.rank();
-        &self.markov_w1[row * r..(row + 1) * r]
+        &self.markov_w1[row * self.rank..(row + 1) * self.rank]
     }
 
     /// The confidence of a block position with final state `out` and Markov row `row`.
