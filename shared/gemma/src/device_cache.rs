@@ -3,7 +3,8 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::error::{GemmaError, Result};
+use crate::error::Result;
+use crate::kv_cache::check_rollback;
 
 /// The KV cache of one sequence, or of a batch of sequences advanced together, on a device:
 /// per layer `[batch, capacity, kv_heads, head_dim]` keys and values (position-major, as the
@@ -69,12 +70,7 @@ impl DeviceCache {
 
     /// Rolls back to the first `len` positions.
     pub fn truncate(&mut self, len: usize) -> Result<()> {
-        if len > self.len {
-            return Err(GemmaError::Request(format!(
-                "cannot truncate a cache of {} positions to {len}",
-                self.len
-            )));
-        }
+        check_rollback(self.len, len)?;
         self.len = len;
         Ok(())
     }

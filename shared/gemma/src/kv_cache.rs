@@ -49,12 +49,7 @@ impl KvCache {
 
     /// Rolls back to the first `len` positions; `len` may not exceed the current length.
     pub fn truncate(&mut self, len: usize) -> Result<()> {
-        if len > self.len {
-            return Err(GemmaError::Request(format!(
-                "cannot truncate a cache of {} positions to {len}",
-                self.len
-            )));
-        }
+        check_rollback(self.len, len)?;
         for layer in &mut self.layers {
             layer.k.truncate(len * self.kv_dim);
             layer.v.truncate(len * self.kv_dim);
@@ -133,4 +128,15 @@ impl KvCache {
 /// Keys and values of every layer, f32.
 fn position_bytes(layers: usize, kv_dim: usize) -> usize {
     2 * layers * kv_dim * std::mem::size_of::<f32>()
+}
+
+/// Fails unless a cache of `len` committed positions can roll back to `to` (the check
+/// every cache's `truncate` makes).
+pub(crate) fn check_rollback(len: usize, to: usize) -> Result<()> {
+    if to > len {
+        return Err(GemmaError::Request(format!(
+            "cannot truncate a cache of {len} positions to {to}"
+        )));
+    }
+    Ok(())
 }

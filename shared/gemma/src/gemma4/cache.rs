@@ -6,7 +6,7 @@
 
 use super::config::Gemma4Config;
 use crate::error::{GemmaError, Result};
-use crate::kv_cache::LayerKv;
+use crate::kv_cache::{check_rollback, LayerKv};
 
 /// Keys and values of one layer for positions `0..len`.
 #[derive(Debug, Clone, Copy)]
@@ -81,12 +81,7 @@ impl Gemma4Cache {
 
     /// Rolls back to the first `len` positions; `len` may not exceed the current length.
     pub fn truncate(&mut self, len: usize) -> Result<()> {
-        if len > self.len {
-            return Err(GemmaError::Request(format!(
-                "cannot truncate a cache of {} positions to {len}",
-                self.len
-            )));
-        }
+        check_rollback(self.len, len)?;
         self.len = len;
         self.discard_uncommitted();
         Ok(())
