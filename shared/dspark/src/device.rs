@@ -18,8 +18,8 @@ use tandem_gemma::{with_cached_layouts, TargetHead};
 
 use crate::backbone::softcap;
 use crate::config::DraftVocab;
-use crate::draft::{check_request, sample_block, DraftRequest};
-use crate::error::{DsparkError, Result};
+use crate::draft::{check_request, sample_block, whole_rows, DraftRequest};
+use crate::error::Result;
 use crate::frozen::BlockHeads;
 use crate::model::Dspark;
 use crate::params::LayerParams;
@@ -142,14 +142,7 @@ impl DeviceDrafter {
     /// Appends snapshot rows (row-major, [`Self::row_width`] floats each) of the next
     /// committed positions: projects them once into every layer's keys and values.
     pub fn extend(&self, ctx: &mut DeviceContext, rows: &[f32]) -> Result<()> {
-        if ctx.layers.len() != self.layers.len() || !rows.len().is_multiple_of(self.row_width) {
-            return Err(DsparkError::Invalid(format!(
-                "{} floats is not a whole number of rows of {}",
-                rows.len(),
-                self.row_width
-            )));
-        }
-        let n = rows.len() / self.row_width;
+        let n = whole_rows(rows, self.row_width, ctx.layers.len() == self.layers.len())?;
         if n == 0 {
             return Ok(());
         }

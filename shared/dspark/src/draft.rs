@@ -124,16 +124,8 @@ impl Drafter {
     /// Appends snapshot rows (row-major, [`Dspark::row_width`] floats each) of the next
     /// committed positions: projects them once into every layer's keys and values.
     pub fn extend(&self, cache: &mut ContextCache, rows: &[f32]) -> Result<()> {
-        if cache.layers.len() != self.frozen.layers.len()
-            || !rows.len().is_multiple_of(self.row_width)
-        {
-            return Err(DsparkError::Invalid(format!(
-                "{} floats is not a whole number of rows of {}",
-                rows.len(),
-                self.row_width
-            )));
-        }
-        let n = rows.len() / self.row_width;
+        let same_layers = cache.layers.len() == self.frozen.layers.len();
+        let n = whole_rows(rows, self.row_width, same_layers)?;
         if n == 0 {
             return Ok(());
         }
@@ -218,6 +210,18 @@ impl Drafter {
             .for_each(|(m, b)| *m += b);
         Ok((logits, f.heads.confidence(&bb.out[k * d..(k + 1) * d], row)))
     }
+}
+
+/// The number of snapshot rows of `width` floats in `rows`, for a context cache made by
+/// the drafter extending it (`same_layers`); fails otherwise.
+pub(crate) fn whole_rows(rows: &[f32], width: usize, same_layers: bool) -> Result<usize> {
+    if !same_layers || !rows.len().is_multiple_of(width) {
+        return Err(DsparkError::Invalid(format!(
+            "{} floats is not a whole number of rows of {width}",
+            rows.len()
+        )));
+    }
+    Ok(rows.len() / width)
 }
 
 /// Fails unless `req` asks for `1..=gamma` tokens after a token of the target vocabulary.
