@@ -13,7 +13,8 @@ use std::time::Instant;
 use candle_core::Tensor;
 use tandem_core::{
     accept_greedy, accept_sampled, argmax, distribution, Chunk, DraftBlock, FinishReason,
-    GammaPolicy, GammaPolicyConfig, Output, Proposer, Sampler, SnapshotSpec, Verdict,
+    GammaPolicy, GammaPolicyConfig, Output, Proposer, Sampler, SamplingParams, SnapshotSpec,
+    Verdict,
 };
 use tandem_gemma::{argmax_rows, LogitsMode};
 use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
@@ -99,6 +100,19 @@ impl Engine {
         Ok(run.outcome())
     }
 
+    /// The draft-length policy an adaptive generation sampled with `sampling` and drafting
+    /// at most `max_gamma` tokens starts from: what earlier generations of this engine (and
+    /// its clones) sampled the same way learnt, or the priors.
+    pub fn starting_policy(
+        &self,
+        sampling: &SamplingParams,
+        max_gamma: usize,
+    ) -> Result<GammaPolicy> {
+        self.memory
+            .policy(GammaPolicyConfig::new(max_gamma), sampling)
+            .map_err(EngineError::InvalidRequest)
+    }
+
     /// Checks `req` against the model (vocabulary, context length) without running it.
     pub fn check(&self, req: &GenerationRequest) -> Result<()> {
         req.validate()?;
@@ -163,12 +177,7 @@ impl<'e> Generation<'e> {
             _ => None,
         };
         let policy = match req.adaptive_gamma && drafting.is_some() {
-            true => Some(
-                engine
-                    .memory
-                    .policy(GammaPolicyConfig::new(gamma), &req.sampling)
-                    .map_err(EngineError::InvalidRequest)?,
-            ),
+            true => Some(engine.starting_policy(&req.sampling, gamma)?),
             false => None,
         };
         let facts = engine.model.facts();

@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
-use tandem_core::SamplingParams;
+use tandem_core::{Proposer, SamplingParams};
 use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
 use tandem_engine::{Engine, GenerationRequest, Update};
 
@@ -111,22 +111,43 @@ fn rounds_of(
     rounds
 }
 
+/// The first draft position's acceptance rate, and the γ, that the next adaptive greedy
+/// generation of `engine` starts from.
+fn next_start(engine: &Engine, drafter: &DsparkProposer) -> (f64, usize) {
+    let policy = engine
+        .starting_policy(&SamplingParams::default(), drafter.max_gamma().min(8))
+        .expect("policy");
+    (policy.acceptance(1), policy.choose())
+}
+
+/// Which γ a round picks also depends on measured timings, so each generation's first round
+/// is checked against the policy the engine hands out just before it (not against a fixed
+/// γ), and the learning against the acceptance rate it carries.
 #[test]
 fn the_next_generation_starts_from_what_the_last_one_learnt() {
     let shared = engine();
     let fresh = Engine::new(shared.model().clone(), shared.tokenizer().clone());
     let drafter = random_drafter();
+    let (prior, gamma) = next_start(&fresh, &drafter);
+    assert!(gamma > 0, "a new engine starts by drafting");
     let first = rounds_of(&fresh, PROMPTS[0], &drafter);
-    assert!(first[0].drafted > 0, "a new engine starts by drafting");
+    assert_eq!(first[0].drafted, gamma);
+    let (learnt, gamma) = next_start(&fresh, &drafter);
+    assert!(
+        learnt <= 0.75 * prior,
+        "the engine learnt that this drafter is not accepted: {learnt} vs {prior}"
+    );
     let second = rounds_of(&fresh, PROMPTS[1], &drafter);
     assert_eq!(
-        second[0].drafted, 0,
-        "the engine learnt that this drafter is never accepted"
+        second[0].drafted, gamma,
+        "the second generation starts from it"
     );
     let clone = fresh.clone();
+    let (rate, gamma) = next_start(&clone, &drafter);
     assert_eq!(
-        rounds_of(&clone, PROMPTS[2], &drafter)[0].drafted,
-        0,
+        (rate, gamma),
+        next_start(&fresh, &drafter),
         "clones share it"
     );
+    assert_eq!(rounds_of(&clone, PROMPTS[2], &drafter)[0].drafted, gamma);
 }
