@@ -35,6 +35,8 @@ enum BenchKind {
     Rpc(crate::bench_rpc::RpcArgs),
     /// Plain versus speculative decoding of held-out prompts, greedy and sampled.
     Speculative(crate::bench_spec::SpecArgs),
+    /// Draws the chart of a saved `bench speculative` JSON report again.
+    Chart(crate::chart::ChartArgs),
 }
 
 /// Flags of `tandem bench`.
@@ -100,6 +102,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchKind::Target(a) => target(a),
         BenchKind::Rpc(a) => crate::bench_rpc::run(a),
         BenchKind::Speculative(a) => crate::bench_spec::run(a),
+        BenchKind::Chart(a) => crate::chart::redraw(a),
     }
 }
 

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tandem_core::{Proposer, SamplingParams};
 use tandem_engine::{Engine, GenerationRequest, SpecStats, Update};
 use tandem_proto::codec::sampling_to_pb;
@@ -83,7 +83,7 @@ pub struct SpecArgs {
 }
 
 /// One speculative configuration.
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Deserialize, Debug, Clone)]
 pub struct SpecRun {
     pub gamma: usize,
     pub tau: f64,
@@ -96,7 +96,7 @@ pub struct SpecRun {
 }
 
 /// All runs at one temperature.
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Deserialize, Debug, Clone)]
 pub struct Mode {
     pub temperature: f32,
     pub plain_tok_s: f64,

@@ -3,19 +3,52 @@
 //! font. Left panel: acceptance rate per draft position (x: position 1..γ, y: 0..1), one
 //! line per γ, greedy in full colour, sampled paler. Right panel: speedup over plain
 //! decoding against γ (y from 0 to the largest speedup, at least 2; a grey line marks 1×),
-//! greedy red, sampled blue. The JSON holds the numbers.
+//! greedy red, sampled blue. The JSON holds the numbers; `tandem bench chart` draws the
+//! chart again from a saved JSON report.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, Context, Result};
+use clap::Args;
 use plotters::prelude::*;
+use serde::Deserialize;
 
 use crate::bench_spec::Mode;
 
 const SIZE: (u32, u32) = (1200, 520);
 /// The family every text of the chart uses.
 const FONT: &str = "sans-serif";
+
+/// Flags of `tandem bench chart`.
+#[derive(Args, Debug)]
+pub struct ChartArgs {
+    /// A report written by `tandem bench speculative --json`.
+    #[arg(long)]
+    json: PathBuf,
+    /// Where to draw the chart.
+    #[arg(long)]
+    png: PathBuf,
+}
+
+/// The part of a saved report the chart reads.
+#[derive(Deserialize)]
+struct Saved {
+    modes: Vec<Mode>,
+}
+
+/// Draws the chart of the report at `a.json` into `a.png`.
+pub fn redraw(a: ChartArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&a.json)
+        .with_context(|| format!("reading {}", a.json.display()))?;
+    let saved: Saved = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{}: not a `tandem bench speculative` report",
+            a.json.display()
+        )
+    })?;
+    draw(&a.png, &saved.modes).with_context(|| format!("drawing {}", a.png.display()))
+}
 
 /// Draws `modes` (greedy first, then sampled) into `path`.
 pub fn draw(path: &Path, modes: &[Mode]) -> Result<()> {

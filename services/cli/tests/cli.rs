@@ -127,6 +127,10 @@ fn bench_speculative(extra: &[&str]) -> (serde_json::Value, Vec<Vec<u32>>) {
     let out = tandem(&args);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(std::fs::metadata(&png).expect("png written").len() > 0);
+    let again = path("again.png");
+    let out_again = tandem(&["bench", "chart", "--json", &json, "--png", &again]);
+    assert!(out_again.status.success(), "{}", stderr(&out_again));
+    assert!(std::fs::metadata(&again).expect("chart redrawn").len() > 0);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("acceptance per position"), "{text}");
     let report =
@@ -272,8 +276,15 @@ fn bad_input_is_one_clear_line() {
         "--model",
         tmp.to_str().expect("utf-8"),
     ]);
-    std::fs::remove_file(&tmp).ok();
     assert_one_line_error(&out, "not a readable GGUF");
+    let png = tmp.with_extension("png");
+    let (tmp_s, png_s) = (tmp.to_str().expect("utf-8"), png.to_str().expect("utf-8"));
+    assert_one_line_error(
+        &tandem(&["bench", "chart", "--json", tmp_s, "--png", png_s]),
+        "not a `tandem bench speculative` report",
+    );
+    std::fs::remove_file(&tmp).ok();
+    assert!(!png.exists(), "no chart from a bad report");
     assert_one_line_error(
         &tandem(&[
             "generate",
