@@ -16,7 +16,9 @@
 //! as the one before it (and the first to be accepted 2 times in 3, so a new generation
 //! starts by drafting).
 //! A new generation can start from what earlier ones of the same kind learnt ([`Learnt`],
-//! at most [`CARRIED_ROUNDS`] rounds' worth, so it still adapts to its own text quickly).
+//! at most [`CARRIED_ROUNDS`] rounds' worth, so it still adapts to its own text quickly);
+//! it hands on only what it observed itself, so evidence is never counted twice and
+//! generations that draft nothing let the memory fade.
 //! Which γ a round uses never changes what is generated (each round is lossless on its own).
 
 /// Prior acceptance rate of the first draft position (optimistic, so that a new generation
@@ -104,9 +106,13 @@ impl GammaPolicyConfig {
 #[derive(Debug, Clone)]
 pub struct GammaPolicy {
     cfg: GammaPolicyConfig,
-    /// Decayed counts of accepted and drafted tokens at each draft position.
+    /// Decayed counts of accepted and drafted tokens at each draft position (inherited
+    /// ones included).
     accepted: Vec<f64>,
     drafted: Vec<f64>,
+    /// The part of those counts this generation observed itself (what it hands on).
+    own_accepted: Vec<f64>,
+    own_drafted: Vec<f64>,
     /// Draft cost per round, in one-token forwards (learnt once `step_s` is known).
     draft_cost: f64,
     /// Decayed mean seconds of a plain round's one-token forward.
@@ -133,6 +139,8 @@ impl GammaPolicy {
         Ok(Self {
             accepted: vec![0.0; cfg.max_gamma],
             drafted: vec![0.0; cfg.max_gamma],
+            own_accepted: vec![0.0; cfg.max_gamma],
+            own_drafted: vec![0.0; cfg.max_gamma],
             draft_cost: cfg.draft_cost,
             step_s: None,
             extra_s: None,
@@ -158,12 +166,14 @@ impl GammaPolicy {
         Ok(p)
     }
 
-    /// What this generation learnt, capped at [`CARRIED_ROUNDS`] rounds of evidence.
+    /// What this generation observed itself (not what it inherited, which the memory
+    /// already holds), capped at [`CARRIED_ROUNDS`] rounds of evidence, with the timings
+    /// it knows.
     pub fn learnt(&self) -> Learnt {
         let mut l = Learnt {
-            accepted: self.accepted.clone(),
-            drafted: self.drafted.clone(),
-            draft_cost: (self.drafted.first() > Some(&0.0)).then_some(self.draft_cost),
+            accepted: self.own_accepted.clone(),
+            drafted: self.own_drafted.clone(),
+            draft_cost: (self.own_drafted.first() > Some(&0.0)).then_some(self.draft_cost),
             step_s: self.step_s,
             extra_s: self.extra_s,
         };
@@ -257,13 +267,18 @@ impl GammaPolicy {
             return;
         }
         self.plain_rounds = 0;
-        self.accepted.iter_mut().for_each(|a| *a *= d);
-        self.drafted.iter_mut().for_each(|n| *n *= d);
-        // Positions past the first rejection were never judged.
-        for k in 0..drafted.min(accepted + 1) {
-            self.drafted[k] += 1.0;
-            if k < accepted {
-                self.accepted[k] += 1.0;
+        for (accepted_k, drafted_k) in [
+            (&mut self.accepted, &mut self.drafted),
+            (&mut self.own_accepted, &mut self.own_drafted),
+        ] {
+            accepted_k.iter_mut().for_each(|a| *a *= d);
+            drafted_k.iter_mut().for_each(|n| *n *= d);
+            // Positions past the first rejection were never judged.
+            for k in 0..drafted.min(accepted + 1) {
+                drafted_k[k] += 1.0;
+                if k < accepted {
+                    accepted_k[k] += 1.0;
+                }
             }
         }
         if !timed {
@@ -428,6 +443,43 @@ mod tests {
         let after = GammaPolicy::with_learnt(GammaPolicyConfig::new(4), &memory).expect("valid");
         assert!(after.acceptance(1) > 0.6, "newer evidence outweighs older");
         assert!(after.choose() > 0);
+    }
+
+    /// A generation hands on only what it observed: one that started from the memory and
+    /// drafted nothing halves the memory's evidence (so a drafter judged long ago is tried
+    /// again after a few such generations) instead of counting the inherited rounds again.
+    #[test]
+    fn a_generation_hands_on_only_its_own_evidence() {
+        let cfg = GammaPolicyConfig::new(8);
+        let mut memory = Learnt::default();
+        memory.absorb(trained(8, 30, false).learnt());
+        let before = memory.drafted[0];
+        let mut generations = 0;
+        while GammaPolicy::with_learnt(cfg, &memory)
+            .expect("valid")
+            .choose()
+            == 0
+        {
+            let mut idle = GammaPolicy::with_learnt(cfg, &memory).expect("valid");
+            idle.record(0, 0, 0.0, 0.02);
+            memory.absorb(idle.learnt());
+            generations += 1;
+            if generations == 1 {
+                assert!(
+                    (memory.drafted[0] - before / 2.0).abs() < 1e-9,
+                    "{memory:?}"
+                );
+            }
+            assert!(
+                generations < 8,
+                "the drafter is never tried again: {memory:?}"
+            );
+        }
+        let mut judged = GammaPolicy::with_learnt(cfg, &memory).expect("valid");
+        judged.record(1, 1, 0.001, 0.03);
+        let own = judged.learnt();
+        assert_eq!((own.accepted[0], own.drafted[0]), (1.0, 1.0));
+        assert!(own.drafted[1..].iter().all(|n| *n == 0.0));
     }
 
     proptest! {
