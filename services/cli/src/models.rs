@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Device};
 use tandem_engine::{Gemma4Target, Target};
@@ -46,6 +46,10 @@ pub struct ModelArgs {
     /// Weights and activations of a `cuda` target.
     #[arg(long, env = "TANDEM_DTYPE", value_enum, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
+    /// The CUDA device once opened, so that a target and a drafter of one process share
+    /// it (one setup, one cuBLAS handle, one set of loaded kernels).
+    #[arg(skip)]
+    opened: OnceLock<Device>,
 }
 
 /// `--device` values.
@@ -209,19 +213,32 @@ impl ModelArgs {
     pub fn candle_device(&self) -> Result<Option<Device>> {
         match self.device {
             DeviceArg::Cpu => Ok(None),
-            DeviceArg::Cuda(n) => cuda(n).map(Some),
+            DeviceArg::Cuda(n) => self.cuda(n).map(Some),
         }
     }
 
     /// The Gemma 3 at the checked `path` on CUDA device `n`.
     fn device_gemma3_at(&self, path: &Path, n: usize) -> Result<DeviceGemma3> {
-        let device = cuda(n)?;
+        let device = self.cuda(n)?;
         let opts = DeviceOptions {
             device,
             dtype: self.dtype.into(),
         };
         DeviceGemma3::load(path, opts)
             .with_context(|| format!("loading {} onto cuda:{n}", display(path)))
+    }
+
+    /// CUDA device `n`, opened and prepared for launch-bound work ([`prepare_device`]) on
+    /// first use.
+    fn cuda(&self, n: usize) -> Result<Device> {
+        if let Some(device) = self.opened.get() {
+            return Ok(device.clone());
+        }
+        let device = Device::new_cuda(n).with_context(|| {
+            format!("opening CUDA device {n} (is this a build with --features cuda?)")
+        })?;
+        prepare_device(&device)?;
+        Ok(self.opened.get_or_init(|| device).clone())
     }
 
     /// How the target runs, for reports: `cpu exact`, `cuda:0 f32`, ...
@@ -231,15 +248,6 @@ impl ModelArgs {
             DeviceArg::Cuda(_) => format!("{} {:?}", self.device, self.dtype).to_lowercase(),
         }
     }
-}
-
-/// CUDA device `n`, prepared for launch-bound work ([`prepare_device`]).
-fn cuda(n: usize) -> Result<Device> {
-    let device = Device::new_cuda(n).with_context(|| {
-        format!("opening CUDA device {n} (is this a build with --features cuda?)")
-    })?;
-    prepare_device(&device)?;
-    Ok(device)
 }
 
 fn display(p: &Path) -> String {
