@@ -82,6 +82,13 @@ pub struct SpecArgs {
     models: ModelArgs,
 }
 
+impl SpecArgs {
+    /// The longest γ measured.
+    fn max_gamma(&self) -> usize {
+        self.gammas.iter().copied().max().unwrap_or(1)
+    }
+}
+
 /// One speculative configuration.
 #[derive(Serialize, Deserialize, Debug, Clone)]
 pub struct SpecRun {
@@ -137,7 +144,7 @@ pub fn run(a: SpecArgs) -> Result<()> {
     {
         bail!("--prompts, --repeats and --gammas must be >= 1 and --max-tokens >= 2");
     }
-    let max_gamma = a.gammas.iter().copied().max().unwrap_or(1);
+    let max_gamma = a.max_gamma();
     let rt = serve::runtime()?;
     let (engine, url) = match a.services {
         true => {
@@ -247,8 +254,7 @@ fn mode(runner: &Runner<'_>, prompts: &[Vec<u32>], a: &SpecArgs, temperature: f3
         seed: a.seed,
         ..SamplingParams::default()
     };
-    let max_gamma = a.gammas.iter().copied().max().unwrap_or(1);
-    decode_all(runner, &prompts[..1], a, sampling, max_gamma)?;
+    decode_all(runner, &prompts[..1], a, sampling, a.max_gamma())?;
     let mut plain = Tally::default();
     let mut spec: Vec<Tally> = a.gammas.iter().map(|_| Tally::default()).collect();
     for _ in 0..a.repeats {
