@@ -455,12 +455,11 @@ mod tests {
         memory.absorb(trained(8, 30, false).learnt());
         let before = memory.drafted[0];
         let mut generations = 0;
-        while GammaPolicy::with_learnt(cfg, &memory)
-            .expect("valid")
-            .choose()
-            == 0
-        {
+        loop {
             let mut idle = GammaPolicy::with_learnt(cfg, &memory).expect("valid");
+            if idle.choose() > 0 {
+                break;
+            }
             idle.record(0, 0, 0.0, 0.02);
             memory.absorb(idle.learnt());
             generations += 1;
