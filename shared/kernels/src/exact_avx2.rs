@@ -338,7 +338,11 @@ mod tests {
             m in 1usize..12,
             seed in any::<u64>(),
         ) {
-            prop_assume!(Isa::Avx2.is_available());
+            if !Isa::Avx2.is_available() {
+            // Nothing to compare on a CPU without it (a rejected case would count
+            // against proptest's global reject limit and fail the test).
+            return Ok(());
+        }
             let qtype = QType::ALL[t];
             let k = blocks * qtype.block_size();
             let mut state = seed | 1;

@@ -252,7 +252,11 @@ mod tests {
             m in 1usize..14,
             seed in any::<u64>(),
         ) {
-            prop_assume!(Isa::Avx2.is_available());
+            if !Isa::Avx2.is_available() {
+            // Nothing to compare on a CPU without it (a rejected case would count
+            // against proptest's global reject limit and fail the test).
+            return Ok(());
+        }
             let k = 32 * chunks32;
             let mut state = seed | 1;
             let mut unit = move || {

@@ -69,7 +69,11 @@ proptest! {
 
     #[test]
     fn exact_scalar_and_avx2_agree(seed in any::<u64>()) {
-        prop_assume!(Isa::Avx2.is_available());
+        if !Isa::Avx2.is_available() {
+            // Nothing to compare on a CPU without it (a rejected case would count
+            // against proptest's global reject limit and fail the test).
+            return Ok(());
+        }
         let (qtype, m, n, k, mut rng) = shape(seed);
         let w = random_matrix(qtype, n, k, &mut rng);
         let x = random_acts(m, k, &mut rng);

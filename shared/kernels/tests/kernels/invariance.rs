@@ -78,7 +78,11 @@ proptest! {
 
     #[test]
     fn avx_vnni_is_bit_identical_to_avx2(seed in any::<u64>()) {
-        prop_assume!(Isa::AvxVnni.is_available());
+        if !Isa::AvxVnni.is_available() {
+            // Nothing to compare on a CPU without it (a rejected case would count
+            // against proptest's global reject limit and fail the test).
+            return Ok(());
+        }
         let mut rng = Rng::new(seed);
         let qtype = QType::ALL[rng.below(QType::ALL.len())];
         let m = 1 + rng.below(17);
