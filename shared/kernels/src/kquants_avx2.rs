@@ -192,7 +192,7 @@ macro_rules! kquant_kernel {
         pub(crate) fn $name(qtype: QType, w: &[u8], k: usize, acts: &Q8KActs, outs: &mut [&mut [f32]]) {
             #[target_feature(enable = $features)]
             fn rows<const T: u8>(w: &[u8], k: usize, acts: &Q8KActs, outs: &mut [&mut [f32]]) {
-                dispatch_tiles!(tile::<T>(w, k / QK_K * qtype_of::<T>().block_bytes(), acts, outs));
+                dispatch_tiles!(tile::<T>(w, k / QK_K * qtype_of::<T>().block_bytes(), acts, outs), false);
             }
 
             /// Weight rows `rows` (of `w`, `rb` bytes each) against

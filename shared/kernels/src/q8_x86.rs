@@ -31,11 +31,11 @@ pub(crate) fn unpack<const T: u8>(blk: &[u8]) -> __m256i {
     match T {
         Q4_0 => _mm256_sub_epi8(nibbles(&blk[2..18]), _mm256_set1_epi8(8)),
         Q5_0 => {
-            let hi = _mm256_and_si256(bits_to_bytes(&blk[2..6]), _mm256_set1_epi8(0x10));
-            _mm256_sub_epi8(
-                _mm256_or_si256(nibbles(&blk[6..22]), hi),
-                _mm256_set1_epi8(16),
-            )
+            // `(nibble | bit << 4) - 16` is the nibble itself where the fifth
+            // bit is set and `nibble - 16 = nibble | 0xF0` (as an i8) where
+            // it is clear.
+            let high = _mm256_andnot_si256(bits_to_bytes(&blk[2..6]), _mm256_set1_epi8(-16));
+            _mm256_or_si256(nibbles(&blk[6..22]), high)
         }
         _ => load_u8x32(&blk[2..34]),
     }
@@ -77,12 +77,12 @@ macro_rules! q8_kernel {
         $(#[$doc])*
         #[target_feature(enable = $features)]
         pub(crate) fn $name(qtype: QType, w: &[u8], k: usize, acts: &Q8_0Acts, outs: &mut [&mut [f32]]) {
-            use crate::simd::{f16_at, hsum, load_f32x8, load_i8x32, prefetch, PREFETCH_AHEAD};
+            use crate::simd::{f16_at, hsum, load_i8x32, prefetch, PREFETCH_AHEAD};
             use crate::tile::dispatch_tiles;
 
             #[target_feature(enable = $features)]
             fn rows<const T: u8>(w: &[u8], k: usize, acts: &Q8_0Acts, outs: &mut [&mut [f32]]) {
-                dispatch_tiles!(tile::<T>(w, k / QK8_0 * block_bytes::<T>(), acts, outs));
+                dispatch_tiles!(tile::<T>(w, k / QK8_0 * block_bytes::<T>(), acts, outs), T != Q8_0);
             }
 
             /// Weight rows `rows` (of `w`, `rb` bytes each) against activation
@@ -114,8 +114,8 @@ macro_rules! q8_kernel {
             /// Weight rows `j..j + J` against activation rows `r0..r0 + R`,
             /// writing columns `j..j + J` of `outs`. The arithmetic per
             /// (row, output) pair is independent of `R`, `J` and `r0`: each
-            /// pair has its own accumulator, and a lane of `dw * dx` holds the
-            /// same product whichever lane (or vector) it sits in.
+            /// pair has its own accumulator, and its block scale `dw * dx` is the
+            /// same single f32 product whichever tile computes it.
             #[inline]
             #[target_feature(enable = $features)]
             fn group<const T: u8, const R: usize, const J: usize>(
@@ -126,21 +126,18 @@ macro_rules! q8_kernel {
                 outs: &mut [&mut [f32]],
             ) {
                 let bb = block_bytes::<T>();
-                let lane: [__m256i; R] = std::array::from_fn(|r| _mm256_set1_epi32((r % 8) as i32));
                 let mut acc = [[_mm256_setzero_ps(); R]; J];
                 for b in 0..wrows[0].len() / bb {
                     let xs = acts.codes(b, r0, R);
-                    let dx = acts.scales(b, r0);
-                    let dx = [load_f32x8(dx), if R > 8 { load_f32x8(&dx[8..]) } else { _mm256_setzero_ps() }];
+                    let dx = &acts.scales(b, r0)[..R];
                     for (acc, wrow) in acc.iter_mut().zip(wrows) {
                         let blk = &wrow[b * bb..(b + 1) * bb];
                         let w = unpack::<T>(blk);
                         let prepared = $prep(w);
-                        let dw = _mm256_set1_ps(f16_at(blk));
-                        let scales = [_mm256_mul_ps(dw, dx[0]), _mm256_mul_ps(dw, dx[1])];
+                        let dw = f16_at(blk);
                         for r in 0..R {
                             let lanes = _mm256_cvtepi32_ps($dot(prepared, w, load_i8x32(&xs[r * QK8_0..])));
-                            let scale = _mm256_permutevar8x32_ps(scales[r / 8], lane[r]);
+                            let scale = _mm256_set1_ps(dw * dx[r]);
                             acc[r] = _mm256_fmadd_ps(scale, lanes, acc[r]);
                         }
                     }
