@@ -16,7 +16,10 @@
 //!   accumulated in f32, mirroring ggml's AVX2 `vec_dot` kernels.
 //! * Weight-stationary: a weight block is unpacked once into registers and
 //!   dotted with up to nine activation rows before moving on; with only a few
-//!   activation rows, several weight rows are processed side by side instead.
+//!   activation rows, several weight rows are processed side by side instead,
+//!   except that a single row against Q8_0 or k-quant weights reads one
+//!   weight row after another (one sequential stream, which some CPUs'
+//!   prefetchers serve twice as fast).
 //! * Threads (rayon) split the *output rows* only; the `k` reduction of one
 //!   output value always runs on a single thread. Small products run on the
 //!   calling thread.
