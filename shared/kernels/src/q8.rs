@@ -77,7 +77,7 @@ pub(crate) fn rows_scalar(
                     .zip(xb)
                     .map(|(&a, &b)| i32::from(a) * i32::from(b))
                     .sum();
-                acc += (dw * acts.scales(b, r)[0]) * isum as f32;
+                acc += (dw * acts.scales(b, r, 1)[0]) * isum as f32;
             }
             out[j] = acc;
         }

@@ -129,7 +129,7 @@ macro_rules! q8_kernel {
                 let mut acc = [[_mm256_setzero_ps(); R]; J];
                 for b in 0..wrows[0].len() / bb {
                     let xs = acts.codes(b, r0, R);
-                    let dx = &acts.scales(b, r0)[..R];
+                    let dx = acts.scales(b, r0, R);
                     for (acc, wrow) in acc.iter_mut().zip(wrows) {
                         let blk = &wrow[b * bb..(b + 1) * bb];
                         let w = unpack::<T>(blk);

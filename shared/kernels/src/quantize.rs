@@ -6,8 +6,8 @@
 //!
 //! Storage is block-major: block `b` of all `m` rows is contiguous
 //! (`[block][row][codes]`), so a kernel visiting block `b` for a group of
-//! rows reads one contiguous run. The scale arrays carry [`SCALE_PAD`] spare
-//! zeros so a kernel can load eight consecutive scales from any row.
+//! rows reads one contiguous run. The Q8_K scale array carries [`SCALE_PAD`]
+//! spare zeros so a kernel can load eight consecutive scales from any row.
 
 use half::f16;
 
@@ -30,7 +30,7 @@ pub(crate) struct Q8_0Acts {
     /// Codes `q`, or the bytes of `q + 128` when quantized with `offset`
     /// (for AVX-VNNI's unsigned operand), `[block][row][32]`.
     qs: Vec<i8>,
-    /// Scales (f16-rounded, as ggml stores them), `[block][row]` + padding.
+    /// Scales (f16-rounded, as ggml stores them), `[block][row]`.
     d: Vec<f32>,
     m: usize,
 }
@@ -44,7 +44,7 @@ impl Q8_0Acts {
         let flip = if offset { i8::MIN } else { 0 };
         let nb = k / QK8_0;
         let mut qs = vec![0i8; m * k];
-        let mut d = vec![0f32; m * nb + SCALE_PAD];
+        let mut d = vec![0f32; m * nb];
         for (r, row) in x.chunks_exact(k).enumerate() {
             for (b, xb) in row.chunks_exact(QK8_0).enumerate() {
                 let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
@@ -65,12 +65,10 @@ impl Q8_0Acts {
         &self.qs[(b * self.m + r0) * QK8_0..][..rows * QK8_0]
     }
 
-    /// Scales of block `b` from row `r0` on. Entries past the group are
-    /// other blocks' scales or padding; at least eight are readable, and
-    /// sixteen when the group has more than eight rows.
+    /// Scales of block `b` for rows `r0..r0 + rows`.
     #[inline]
-    pub(crate) fn scales(&self, b: usize, r0: usize) -> &[f32] {
-        &self.d[b * self.m + r0..]
+    pub(crate) fn scales(&self, b: usize, r0: usize, rows: usize) -> &[f32] {
+        &self.d[b * self.m + r0..][..rows]
     }
 }
 
