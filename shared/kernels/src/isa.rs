@@ -9,8 +9,9 @@ pub enum Isa {
     /// x86-64 AVX2 with FMA and F16C, detected at runtime.
     Avx2,
     /// [`Isa::Avx2`] plus AVX-VNNI (`dpbusd` / `dpwssd`) for the exact
-    /// integer block dots of the quantized types. Bit-identical to
-    /// [`Isa::Avx2`], only faster.
+    /// integer block dots of the quantized types, and with AVX-512 VNNI,
+    /// 512-bit registers holding two activation rows when there are several.
+    /// Bit-identical to [`Isa::Avx2`], only faster.
     AvxVnni,
 }
 

@@ -15,7 +15,9 @@
 //! * Each block pair is reduced exactly in integer arithmetic, then scaled and
 //!   accumulated in f32, mirroring ggml's AVX2 `vec_dot` kernels.
 //! * Weight-stationary: a weight block is unpacked once into registers and
-//!   dotted with up to nine activation rows before moving on; with only a few
+//!   dotted with up to nine activation rows before moving on (where AVX-512
+//!   VNNI exists, two rows per 512-bit register, each half doing exactly the
+//!   256-bit arithmetic); with only a few
 //!   activation rows, several weight rows are processed side by side instead,
 //!   except that a single row against Q8_0 or k-quant weights reads one
 //!   weight row after another (one sequential stream, which some CPUs'
@@ -98,6 +100,8 @@ mod panel_avx2;
 #[cfg(target_arch = "x86_64")]
 mod panel_avx512;
 mod q8;
+#[cfg(target_arch = "x86_64")]
+mod q8_avx512;
 #[cfg(target_arch = "x86_64")]
 mod q8_x86;
 mod qtype;

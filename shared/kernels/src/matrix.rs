@@ -221,7 +221,11 @@ impl QMatrix {
                         crate::exact_avx2::rows_avx2(q, w, k, x, paired.as_ref(), outs)
                     }
                     Acts::Q8_0(a) if isa == Isa::AvxVnni => {
-                        crate::q8_x86::rows_vnni(q, w, k, a, outs)
+                        if outs.len() >= 2 && crate::q8_avx512::available() {
+                            crate::q8_avx512::rows(q, w, k, a, outs)
+                        } else {
+                            crate::q8_x86::rows_vnni(q, w, k, a, outs)
+                        }
                     }
                     Acts::Q8_0(a) => crate::q8_x86::rows_avx2(q, w, k, a, outs),
                     Acts::Q8K(a) if isa == Isa::AvxVnni => {
