@@ -42,15 +42,15 @@ pub(crate) const fn qtype_of<const T: u8>() -> QType {
 }
 
 /// One super-block unpacked to registers.
-struct Unpacked {
+pub(crate) struct Unpacked {
     /// Codes of the eight 32-element chunks, in element order.
-    q: [__m256i; 8],
+    pub(crate) q: [__m256i; 8],
     /// `i16` scale of each group of 16 elements.
-    scales: __m256i,
+    pub(crate) scales: __m256i,
     /// `i16` multiplier of each activation group sum.
-    mins: __m256i,
-    d: f32,
-    dmin: f32,
+    pub(crate) mins: __m256i,
+    pub(crate) d: f32,
+    pub(crate) dmin: f32,
 }
 
 /// Widens eight bytes to sixteen `i16`, each repeated twice (one value per
@@ -65,7 +65,7 @@ fn per_group(v: [u8; 8]) -> __m256i {
 /// Unpacks one super-block of type `T` (the bytes of `blk`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn unpack<const T: u8>(blk: &[u8]) -> Unpacked {
+pub(crate) fn unpack<const T: u8>(blk: &[u8]) -> Unpacked {
     let q = unpack_codes::<T>(blk);
     match T {
         Q4_K | Q5_K => {
@@ -164,7 +164,7 @@ pub(crate) fn unpack_codes<const T: u8>(blk: &[u8]) -> [__m256i; 8] {
 /// `8h + 2c + 1` to the high lane (the scales of chunk `4h + c`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scale_shuffle(c: usize) -> __m256i {
+pub(crate) fn scale_shuffle(c: usize) -> __m256i {
     let pick = |g: usize| i16::from_le_bytes([2 * g as u8, 2 * g as u8 + 1]);
     _mm256_set_m128i(_mm_set1_epi16(pick(2 * c + 1)), _mm_set1_epi16(pick(2 * c)))
 }

@@ -94,6 +94,8 @@ mod isa;
 mod kquants;
 #[cfg(target_arch = "x86_64")]
 mod kquants_avx2;
+#[cfg(target_arch = "x86_64")]
+mod kquants_avx512;
 mod matrix;
 #[cfg(target_arch = "x86_64")]
 mod panel_avx2;

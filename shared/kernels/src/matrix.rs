@@ -229,7 +229,11 @@ impl QMatrix {
                     }
                     Acts::Q8_0(a) => crate::q8_x86::rows_avx2(q, w, k, a, outs),
                     Acts::Q8K(a) if isa == Isa::AvxVnni => {
-                        crate::kquants_avx2::rows_vnni(q, w, k, a, outs)
+                        if outs.len() >= 2 && crate::kquants_avx512::handles(q) {
+                            crate::kquants_avx512::rows(q, w, k, a, outs)
+                        } else {
+                            crate::kquants_avx2::rows_vnni(q, w, k, a, outs)
+                        }
                     }
                     Acts::Q8K(a) => crate::kquants_avx2::rows_avx2(q, w, k, a, outs),
                 }

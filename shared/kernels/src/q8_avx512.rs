@@ -50,7 +50,7 @@ fn load_i8x64(s: &[i8]) -> __m512i {
 /// `[a; 8]` in the low half and `[b; 8]` in the high half, from `ab = [a, b]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-fn split_splat(ab: &[f32]) -> __m512 {
+pub(crate) fn split_splat(ab: &[f32]) -> __m512 {
     let low = _mm256_castps_pd(_mm256_set1_ps(ab[0]));
     let high = _mm256_castps_pd(_mm256_set1_ps(ab[1]));
     _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(low), high))
