@@ -83,6 +83,7 @@
 //! at runtime and otherwise the portable path. [`QMatrix::matmul_with`]
 //! forces a particular one.
 
+mod aligned;
 mod dequant;
 #[cfg(target_arch = "x86_64")]
 mod dequant_avx2;

@@ -2,6 +2,8 @@
 
 use rayon::prelude::*;
 
+use crate::aligned::AlignedRows;
+
 #[cfg(target_arch = "x86_64")]
 use crate::panel_avx512::Paired;
 
@@ -155,6 +157,8 @@ impl QMatrix {
     ) -> Result<(), KernelError> {
         self.check_call(isa, x, m, out)?;
         if m > 0 {
+            let x = AlignedRows::new(x);
+            let x = x.as_slice();
             self.run(
                 isa,
                 &Acts::F32(x, Paired::for_exact(isa, self.qtype, x, m, self.k)),
