@@ -110,6 +110,8 @@ mod q8_x86;
 mod qtype;
 mod quantize;
 #[cfg(target_arch = "x86_64")]
+mod quantize_avx2;
+#[cfg(target_arch = "x86_64")]
 mod simd;
 mod tile;
 mod vector;

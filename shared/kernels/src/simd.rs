@@ -78,6 +78,16 @@ pub(crate) fn store_u8x32(s: &mut [u8], v: __m256i) {
     unsafe { _mm256_storeu_si256(s.as_mut_ptr().cast(), v) }
 }
 
+/// Stores 32 signed bytes at the start of `s` (unaligned).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn store_i8x32(s: &mut [i8], v: __m256i) {
+    assert!(s.len() >= 32);
+    // SAFETY: `s` has at least 32 writable bytes and `storeu` has no
+    // alignment requirement.
+    unsafe { _mm256_storeu_si256(s.as_mut_ptr().cast(), v) }
+}
+
 /// Stores 8 `f32` at the start of `s` (unaligned).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
