@@ -17,7 +17,7 @@ use crate::kquants_avx2::{qtype_of, scale_shuffle, unpack, Q4_K, Q5_K, Q6_K};
 use crate::q8_avx512::split_splat;
 use crate::qtype::{QType, QK_K};
 use crate::quantize::Q8KActs;
-use crate::simd::{hsum, load_i16x16, load_i8x32, prefetch, PREFETCH_AHEAD};
+use crate::simd::{hsum, load_i16x16, load_i8x32, load_u8x32, prefetch, PREFETCH_AHEAD};
 use crate::tile::{dispatch_group, groups, MAX_GROUP};
 
 /// Chunks of 32 codes per super-block.
@@ -59,6 +59,50 @@ impl Group {
         }
         Group { r0, len, x, dx }
     }
+}
+
+/// The codes of one super-block of type `T` as eight chunks of 32 bytes
+/// in element order, each in both halves of a register: the unpacking of
+/// [`crate::kquants_avx2::unpack_codes`] on 256-bit broadcast loads.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+fn codes<const T: u8>(blk: &[u8]) -> [__m512i; CHUNKS] {
+    let load = |at: usize| _mm512_broadcast_i64x4(load_u8x32(&blk[at..]));
+    let nib = _mm512_set1_epi8(0x0F);
+    let mut q = [_mm512_setzero_si512(); CHUNKS];
+    if T == Q6_K {
+        let top = _mm512_set1_epi8(0x30);
+        let h = |v: __m512i| _mm512_and_si512(v, top);
+        for half in 0..2 {
+            let (ql0, ql1, qh) = (load(64 * half), load(64 * half + 32), load(128 + 32 * half));
+            let lo = |v: __m512i| _mm512_and_si512(v, nib);
+            let hi = |v: __m512i| _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+            q[4 * half] = _mm512_or_si512(lo(ql0), h(_mm512_slli_epi16::<4>(qh)));
+            q[4 * half + 1] = _mm512_or_si512(lo(ql1), h(_mm512_slli_epi16::<2>(qh)));
+            q[4 * half + 2] = _mm512_or_si512(hi(ql0), h(qh));
+            q[4 * half + 3] = _mm512_or_si512(hi(ql1), h(_mm512_srli_epi16::<2>(qh)));
+        }
+        return q;
+    }
+    let (qs, mut hb) = match T {
+        Q5_K => (48, load(16)),
+        _ => (16, _mm512_setzero_si512()),
+    };
+    for j in 0..4 {
+        let bits = load(qs + 32 * j);
+        let mut lo = _mm512_and_si512(bits, nib);
+        let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(bits), nib);
+        if T == Q5_K {
+            let h0 = _mm512_slli_epi16::<4>(_mm512_and_si512(hb, _mm512_set1_epi8(1)));
+            let h1 = _mm512_slli_epi16::<3>(_mm512_and_si512(hb, _mm512_set1_epi8(2)));
+            lo = _mm512_or_si512(lo, h0);
+            hi = _mm512_or_si512(hi, h1);
+            hb = _mm512_srli_epi16::<2>(hb);
+        }
+        q[2 * j] = lo;
+        q[2 * j + 1] = hi;
+    }
+    q
 }
 
 /// `outs[r][j - j0]` for every activation row `r` (at least two) and weight
@@ -126,9 +170,13 @@ fn group<const T: u8, const P: usize, const S: usize>(
         let xl = acts.codes(s, r_last, S);
         let mut sumi = [_mm512_setzero_si512(); P];
         let mut sumi_last = [_mm256_setzero_si256(); S];
-        for (c, &wq) in u.q.iter().enumerate() {
-            let sv = _mm256_shuffle_epi8(halves[c / 4], scale_shuffle(c % 4));
-            let (wz, svz) = (_mm512_broadcast_i64x4(wq), _mm512_broadcast_i64x4(sv));
+        let halves_z = halves.map(|h| _mm512_broadcast_i64x4(h));
+        for (c, &wz) in codes::<T>(&wrow[s * bb..(s + 1) * bb]).iter().enumerate() {
+            let svz = _mm512_shuffle_epi8(
+                halves_z[c / 4],
+                _mm512_broadcast_i64x4(scale_shuffle(c % 4)),
+            );
+            let (wq, sv) = (_mm512_castsi512_si256(wz), _mm512_castsi512_si256(svz));
             for (p, sumi) in sumi.iter_mut().enumerate() {
                 let pairs = _mm512_maddubs_epi16(wz, xs[p * CHUNKS + c]);
                 *sumi = _mm512_dpwssd_epi32(*sumi, pairs, svz);
