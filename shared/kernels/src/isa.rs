@@ -10,7 +10,8 @@ pub enum Isa {
     Avx2,
     /// [`Isa::Avx2`] plus AVX-VNNI (`dpbusd` / `dpwssd`) for the exact
     /// integer block dots of the quantized types, and with AVX-512 VNNI,
-    /// 512-bit registers holding two activation rows when there are several.
+    /// 512-bit registers holding two (row, output) pairs when there are
+    /// several activation rows.
     /// Bit-identical to [`Isa::Avx2`], only faster.
     AvxVnni,
 }

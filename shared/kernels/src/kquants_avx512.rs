@@ -1,10 +1,10 @@
 //! AVX-512 VNNI kernel for Q4_K, Q5_K and Q6_K weights against two or more
 //! Q8_K activation rows, bit-identical to [`crate::kquants_avx2`].
 //!
-//! As in [`crate::q8_avx512`], a 512-bit register holds one 32-element chunk
-//! of two activation rows (row `r` in the low half, `r + 1` in the high
-//! half; interleaved once per call) and the weight chunk and its group
-//! scales are broadcast to both halves, so one `maddubs` and one `dpwssd`
+//! A 512-bit register holds one 32-element chunk of two activation rows
+//! (row `r` in the low half, `r + 1` in the high half; interleaved once per
+//! call) and the weight chunk and its group scales are broadcast to both
+//! halves (unpacked from broadcast loads), so one `maddubs` and one `dpwssd`
 //! form the exact `i32` sums of two (activation row, weight row) pairs, the
 //! same lane sums as the 256-bit kernel. The per-super-block f32 steps act
 //! lane by lane with the same products (`d·dx`, `−(dmin·dx)`), each pair on

@@ -16,8 +16,9 @@
 //!   accumulated in f32, mirroring ggml's AVX2 `vec_dot` kernels.
 //! * Weight-stationary: a weight block is unpacked once into registers and
 //!   dotted with up to nine activation rows before moving on (where AVX-512
-//!   VNNI exists, two rows per 512-bit register, each half doing exactly the
-//!   256-bit arithmetic); with only a few
+//!   VNNI exists, a 512-bit register holds two weight rows of a Q4_0 / Q5_0 /
+//!   Q8_0 block or two activation rows of a k-quant chunk, each half doing
+//!   exactly the 256-bit arithmetic); with only a few
 //!   activation rows, several weight rows are processed side by side instead,
 //!   except that a single row against Q8_0 or k-quant weights reads one
 //!   weight row after another (one sequential stream, which some CPUs'
