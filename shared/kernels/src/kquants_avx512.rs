@@ -40,6 +40,9 @@ struct Group {
 }
 
 impl Group {
+    /// Rows `r0..r0 + len` of `acts` (`blocks` super-blocks each), their
+    /// pairs' chunks interleaved and scales split (an odd last row is read
+    /// from `acts` directly).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
     fn new(acts: &Q8KActs, blocks: usize, r0: usize, len: usize) -> Self {
         let pairs = len / 2;
