@@ -44,7 +44,7 @@ pub(crate) const fn qtype_of<const T: u8>() -> QType {
 /// One super-block unpacked to registers.
 pub(crate) struct Unpacked {
     /// Codes of the eight 32-element chunks, in element order.
-    pub(crate) q: [__m256i; 8],
+    q: [__m256i; 8],
     /// `i16` scale of each group of 16 elements.
     pub(crate) scales: __m256i,
     /// `i16` multiplier of each activation group sum.

@@ -218,7 +218,8 @@ impl QMatrix {
         if isa != Isa::Scalar {
             // SAFETY: `matmul_with` checked `isa.is_available()`: AVX2, FMA
             // and F16C were detected at runtime, and AVX-VNNI too for
-            // `Isa::AvxVnni`.
+            // `Isa::AvxVnni`; the AVX-512 kernels run only where their own
+            // detection (`available`, `handles`) succeeded.
             unsafe {
                 match acts {
                     Acts::F32(x, paired) => {
