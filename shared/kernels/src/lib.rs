@@ -18,9 +18,8 @@
 //!   dotted with up to nine activation rows before moving on (where AVX-512
 //!   VNNI exists, a 512-bit register holds two weight rows of a Q4_0 / Q5_0 /
 //!   Q8_0 block or two activation rows of a k-quant chunk, each half doing
-//!   exactly the 256-bit arithmetic); with only a few
-//!   activation rows, several weight rows are processed side by side instead,
-//!   except that a single row against Q8_0 or k-quant weights reads one
+//!   exactly the 256-bit arithmetic); with only a few activation rows,
+//!   several weight rows are processed side by side instead, except that a single row against Q8_0 or k-quant weights reads one
 //!   weight row after another (one sequential stream, which some CPUs'
 //!   prefetchers serve twice as fast).
 //! * Threads (rayon) split the *output rows* only; the `k` reduction of one

@@ -16,6 +16,7 @@
 
 use std::arch::x86_64::*;
 
+use crate::dequant_avx2::block_bytes;
 use crate::qtype::{QType, QK8_0};
 use crate::quantize::Q8_0Acts;
 use crate::simd::{f16_at, hsum, load_i8x32, load_u8x32, prefetch, PREFETCH_AHEAD};
@@ -29,14 +30,6 @@ pub(crate) fn available() -> bool {
         && std::arch::is_x86_feature_detected!("avx512bw")
         && std::arch::is_x86_feature_detected!("avx512vl")
         && std::arch::is_x86_feature_detected!("avx512vnni")
-}
-
-const fn block_bytes<const T: u8>() -> usize {
-    match T {
-        Q4_0 => QType::Q4_0.block_bytes(),
-        Q5_0 => QType::Q5_0.block_bytes(),
-        _ => QType::Q8_0.block_bytes(),
-    }
 }
 
 /// `[a; 8]` in the low half and `[b; 8]` in the high half, from `ab = [a, b]`.

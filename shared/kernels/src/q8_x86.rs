@@ -8,6 +8,7 @@
 
 use std::arch::x86_64::*;
 
+use crate::dequant_avx2::block_bytes;
 use crate::qtype::{QType, QK8_0};
 use crate::quantize::Q8_0Acts;
 use crate::simd::{load_u8x16, load_u8x32};
@@ -15,14 +16,6 @@ use crate::simd::{load_u8x16, load_u8x32};
 pub(crate) const Q4_0: u8 = QType::Q4_0 as u8;
 pub(crate) const Q5_0: u8 = QType::Q5_0 as u8;
 pub(crate) const Q8_0: u8 = QType::Q8_0 as u8;
-
-const fn block_bytes<const T: u8>() -> usize {
-    match T {
-        Q4_0 => QType::Q4_0.block_bytes(),
-        Q5_0 => QType::Q5_0.block_bytes(),
-        _ => QType::Q8_0.block_bytes(),
-    }
-}
 
 /// Unpacks one block to 32 signed weights in element order.
 #[inline]
