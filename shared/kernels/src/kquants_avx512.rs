@@ -2,18 +2,20 @@
 //! Q8_K activation rows, bit-identical to [`crate::kquants_avx2`].
 //!
 //! A 512-bit register holds one 32-element chunk of two activation rows
-//! (row `r` in the low half, `r + 1` in the high half; interleaved once per
-//! call) and the weight chunk and its group scales are broadcast to both
-//! halves (unpacked from broadcast loads), so one `maddubs` and one `dpwssd`
-//! form the exact `i32` sums of two (activation row, weight row) pairs, the
-//! same lane sums as the 256-bit kernel. The per-super-block f32 steps act
-//! lane by lane with the same products (`d·dx`, `−(dmin·dx)`), each pair on
-//! accumulator lanes of its own. An odd last row of a group runs the 256-bit
-//! arithmetic itself. Q8_K weights (signed codes) stay on the 256-bit kernel.
+//! (row `r` in the low half, `r + 1` in the high half, or zeros after an
+//! odd last row; interleaved once per call) and the weight chunk and its
+//! group scales are broadcast to both halves (unpacked from broadcast
+//! loads). Per pair of chunks, two `dpbusd` form the exact four-product
+//! `i32` lane sums of each chunk, and one `dpwssd` scales and adds both
+//! (see [`group`]): the integer lane sums of the 256-bit kernel's
+//! `maddubs` and `madd`, with three multiplying instructions instead of
+//! four. The per-super-block f32 steps act lane by lane with the same
+//! products (`d·dx`, `−(dmin·dx)`), each pair on accumulator lanes of its
+//! own. Q8_K weights (signed codes) stay on the 256-bit kernel.
 
 use std::arch::x86_64::*;
 
-use crate::kquants_avx2::{qtype_of, scale_shuffle, unpack, Q4_K, Q5_K, Q6_K};
+use crate::kquants_avx2::{qtype_of, unpack, Q4_K, Q5_K, Q6_K};
 use crate::q8_avx512::split_splat;
 use crate::qtype::{QType, QK_K};
 use crate::quantize::Q8KActs;
@@ -29,7 +31,8 @@ pub(crate) fn handles(qtype: QType) -> bool {
     matches!(qtype, QType::Q4_K | QType::Q5_K | QType::Q6_K) && crate::q8_avx512::available()
 }
 
-/// One group of activation rows, its pairs prepared for the kernel.
+/// One group of activation rows, its pairs prepared for the kernel (an odd
+/// last row is paired with a row of zeros whose results are dropped).
 struct Group {
     r0: usize,
     len: usize,
@@ -37,31 +40,67 @@ struct Group {
     x: Vec<__m512i>,
     /// Activation scales of pair `p` in super-block `b`, split: `dx[b * pairs + p]`.
     dx: Vec<__m512>,
+    /// Group-of-16 code sums of pair `p` in super-block `b`, the low row's
+    /// 16 then the high row's: `sums[b * pairs + p]`.
+    sums: Vec<__m512i>,
 }
 
 impl Group {
     /// Rows `r0..r0 + len` of `acts` (`blocks` super-blocks each), their
-    /// pairs' chunks interleaved and scales split (an odd last row is read
-    /// from `acts` directly).
+    /// pairs' chunks interleaved and their scales and sums split.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
     fn new(acts: &Q8KActs, blocks: usize, r0: usize, len: usize) -> Self {
-        let pairs = len / 2;
+        let pairs = len.div_ceil(2);
         let mut x = Vec::with_capacity(blocks * pairs * CHUNKS);
         let mut dx = Vec::with_capacity(blocks * pairs);
+        let mut sums = Vec::with_capacity(blocks * pairs);
         for b in 0..blocks {
-            let codes = acts.codes(b, r0, len);
-            let scales = acts.scales(b, r0);
+            let (codes, bsums) = (acts.codes(b, r0, len), acts.bsums(b, r0, len));
+            let scales = &acts.scales(b, r0)[..len];
             for p in 0..pairs {
-                let (low, high) = (&codes[2 * p * QK_K..], &codes[(2 * p + 1) * QK_K..]);
+                let odd = 2 * p + 1 == len;
+                let low = &codes[2 * p * QK_K..];
                 for c in 0..CHUNKS {
                     let l = _mm512_castsi256_si512(load_i8x32(&low[32 * c..]));
-                    x.push(_mm512_inserti64x4::<1>(l, load_i8x32(&high[32 * c..])));
+                    let h = match odd {
+                        true => _mm256_setzero_si256(),
+                        false => load_i8x32(&codes[(2 * p + 1) * QK_K + 32 * c..]),
+                    };
+                    x.push(_mm512_inserti64x4::<1>(l, h));
                 }
-                dx.push(split_splat(&scales[2 * p..]));
+                let high_scale = if odd { 0.0 } else { scales[2 * p + 1] };
+                dx.push(split_splat(&[scales[2 * p], high_scale]));
+                let l = _mm512_castsi256_si512(load_i16x16(&bsums[32 * p..]));
+                let h = match odd {
+                    true => _mm256_setzero_si256(),
+                    false => load_i16x16(&bsums[32 * p + 16..]),
+                };
+                sums.push(_mm512_inserti64x4::<1>(l, h));
             }
         }
-        Group { r0, len, x, dx }
+        Group {
+            r0,
+            len,
+            x,
+            dx,
+            sums,
+        }
     }
+}
+
+/// `dpwssd` scale pairs for the chunk pair `(c, c + 1)` (`c` even) of a
+/// half of the scales: in each `i32` lane the scale of chunk `c` in the
+/// low `i16` and that of chunk `c + 1` in the high one, groups `2c` and
+/// `2c + 2` in the low 128 bits (elements 0..16 of the chunks) and
+/// `2c + 1` and `2c + 3` in the high 128 (elements 16..32).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn pair_shuffle(c: usize) -> __m256i {
+    let pick = |g: usize| {
+        let at = 2 * g as u8;
+        i32::from_le_bytes([at, at + 1, at + 4, at + 5])
+    };
+    _mm256_set_m128i(_mm_set1_epi32(pick(2 * c + 1)), _mm_set1_epi32(pick(2 * c)))
 }
 
 /// The codes of one super-block of type `T` as eight chunks of 32 bytes
@@ -140,67 +179,55 @@ fn rows_of<const T: u8>(w: &[u8], k: usize, acts: &Q8KActs, outs: &mut [&mut [f3
         let wrow = &w[j * rb..(j + 1) * rb];
         for g in &row_groups {
             dispatch_group!(
-                g.len,
-                R => group::<T, { R / 2 }, { R % 2 }>(wrow, acts, g, j, outs),
-                [2, 3, 4, 5, 6, 7, 8, 9]
+                g.len.div_ceil(2),
+                P => group::<T, P>(wrow, g, j, outs),
+                [1, 2, 3, 4, 5]
             );
         }
     }
 }
 
-/// Weight row `j` against the rows of `g`: `P` pairs in 512-bit registers,
-/// then `S` (0 or 1) single row in a 256-bit one.
+/// Weight row `j` against the `P` row pairs of `g`. Per pair of chunks
+/// `(c, c + 1)`, `dpbusd` forms the exact `i32` lane sums `t` of each
+/// chunk: four products of a code below 64 and an activation in
+/// `-128..=127`, so `|t| <= 32256` fits an `i16`. A blend puts `t_c` in the
+/// low `i16` of every lane and `t_{c+1}` in the high one, and one `dpwssd`
+/// against the scale pairs (see [`pair_shuffle`]) adds
+/// `s_c·t_c + s_{c+1}·t_{c+1}`: the lane sums of the 256-bit kernel.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn group<const T: u8, const P: usize, const S: usize>(
-    wrow: &[u8],
-    acts: &Q8KActs,
-    g: &Group,
-    j: usize,
-    outs: &mut [&mut [f32]],
-) {
+fn group<const T: u8, const P: usize>(wrow: &[u8], g: &Group, j: usize, outs: &mut [&mut [f32]]) {
     let bb = qtype_of::<T>().block_bytes();
-    let r_last = g.r0 + 2 * P;
+    let zero = _mm512_setzero_si512();
     let mut acc = [_mm512_setzero_ps(); P];
-    let mut last = [_mm256_setzero_ps(); S];
     for s in 0..wrow.len() / bb {
-        let u = unpack::<T>(&wrow[s * bb..(s + 1) * bb]);
+        let blk = &wrow[s * bb..(s + 1) * bb];
+        let u = unpack::<T>(blk);
         let halves = [
             _mm256_permute2x128_si256::<0x00>(u.scales, u.scales),
             _mm256_permute2x128_si256::<0x11>(u.scales, u.scales),
-        ];
+        ]
+        .map(|h| _mm512_broadcast_i64x4(h));
         let xs = &g.x[s * P * CHUNKS..(s + 1) * P * CHUNKS];
-        let xl = acts.codes(s, r_last, S);
+        let q = codes::<T>(blk);
         let mut sumi = [_mm512_setzero_si512(); P];
-        let mut sumi_last = [_mm256_setzero_si256(); S];
-        let halves_z = halves.map(|h| _mm512_broadcast_i64x4(h));
-        for (c, &wz) in codes::<T>(&wrow[s * bb..(s + 1) * bb]).iter().enumerate() {
-            let svz = _mm512_shuffle_epi8(
-                halves_z[c / 4],
-                _mm512_broadcast_i64x4(scale_shuffle(c % 4)),
-            );
-            let (wq, sv) = (_mm512_castsi512_si256(wz), _mm512_castsi512_si256(svz));
+        for c in (0..CHUNKS).step_by(2) {
+            let sv =
+                _mm512_shuffle_epi8(halves[c / 4], _mm512_broadcast_i64x4(pair_shuffle(c % 4)));
             for (p, sumi) in sumi.iter_mut().enumerate() {
-                let pairs = _mm512_maddubs_epi16(wz, xs[p * CHUNKS + c]);
-                *sumi = _mm512_dpwssd_epi32(*sumi, pairs, svz);
-            }
-            for sumi in sumi_last.iter_mut() {
-                let pairs = _mm256_maddubs_epi16(wq, load_i8x32(&xl[32 * c..]));
-                *sumi = _mm256_dpwssd_avx_epi32(*sumi, pairs, sv);
+                let next = _mm512_dpbusd_epi32(zero, q[c + 1], xs[p * CHUNKS + c + 1]);
+                let this = _mm512_dpbusd_epi32(zero, q[c], xs[p * CHUNKS + c]);
+                let t = _mm512_mask_blend_epi16(0xAAAA_AAAA, this, _mm512_slli_epi32::<16>(next));
+                *sumi = _mm512_dpwssd_epi32(*sumi, t, sv);
             }
         }
-        let sums = acts.bsums(s, g.r0, 2 * P + S);
-        let dx = &g.dx[s * P..(s + 1) * P];
+        let (dx, sums) = (&g.dx[s * P..(s + 1) * P], &g.sums[s * P..(s + 1) * P]);
         let (d, dmin) = (_mm512_set1_ps(u.d), _mm512_set1_ps(u.dmin));
         let neg = _mm512_set1_epi32(i32::MIN);
         let mins = _mm512_broadcast_i64x4(u.mins);
         for p in 0..P {
             let main = _mm512_mul_ps(d, dx[p]);
-            // SAFETY: `sums` holds 16 `i16` per row of the group, so the 32
-            // of rows `2p` and `2p + 1` are in bounds; `loadu` has no
-            // alignment requirement.
-            let bsums = unsafe { _mm512_loadu_si512(sums[32 * p..][..32].as_ptr().cast()) };
-            let summ = _mm512_madd_epi16(mins, bsums);
+            let summ = _mm512_madd_epi16(mins, sums[p]);
             if T == Q6_K {
                 let total = _mm512_sub_epi32(sumi[p], summ);
                 acc[p] = _mm512_fmadd_ps(main, _mm512_cvtepi32_ps(total), acc[p]);
@@ -213,26 +240,13 @@ fn group<const T: u8, const P: usize, const S: usize>(
                 acc[p] = _mm512_fmadd_ps(min, _mm512_cvtepi32_ps(summ), acc[p]);
             }
         }
-        for (last, &sumi) in last.iter_mut().zip(&sumi_last) {
-            let dx = acts.scales(s, r_last)[0];
-            let main = _mm256_set1_ps(u.d * dx);
-            let summ = _mm256_madd_epi16(u.mins, load_i16x16(&sums[32 * P..]));
-            if T == Q6_K {
-                let total = _mm256_sub_epi32(sumi, summ);
-                *last = _mm256_fmadd_ps(main, _mm256_cvtepi32_ps(total), *last);
-            } else {
-                *last = _mm256_fmadd_ps(main, _mm256_cvtepi32_ps(sumi), *last);
-                let min = _mm256_set1_ps(-(u.dmin * dx));
-                *last = _mm256_fmadd_ps(min, _mm256_cvtepi32_ps(summ), *last);
-            }
-        }
     }
     for (p, a) in acc.iter().enumerate() {
-        outs[g.r0 + 2 * p][j] = hsum(_mm512_castps512_ps256(*a));
-        let high = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a));
-        outs[g.r0 + 2 * p + 1][j] = hsum(_mm256_castpd_ps(high));
-    }
-    for l in last {
-        outs[r_last][j] = hsum(l);
+        let r = g.r0 + 2 * p;
+        outs[r][j] = hsum(_mm512_castps512_ps256(*a));
+        if r + 1 < g.r0 + g.len {
+            let high = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a));
+            outs[r + 1][j] = hsum(_mm256_castpd_ps(high));
+        }
     }
 }
