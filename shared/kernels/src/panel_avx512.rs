@@ -20,7 +20,7 @@ use crate::tile::{dispatch_group, groups};
 pub(crate) const J: usize = 4;
 /// Most row pairs per tile (4 × 5 accumulators, 4 weights and one
 /// activation register of the 32).
-const P: usize = 3;
+const P: usize = 5;
 
 /// One matmul's activation rows, interleaved in pairs for this kernel
 /// (built once per call, shared by the threads).
