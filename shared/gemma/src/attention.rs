@@ -27,7 +27,7 @@ pub(crate) struct AttnSpec {
 }
 
 /// Work below this many multiply-adds runs on the calling thread.
-const PARALLEL_MIN_WORK: usize = 1 << 20;
+const PARALLEL_MIN_WORK: usize = 1 << 16;
 
 /// `q` is `m × (n_heads*head_dim)`; `k`/`v` hold positions `0..pos0+m` of
 /// `n_kv_heads*head_dim` each. Returns `m × (n_heads*head_dim)`.
@@ -50,9 +50,10 @@ pub(crate) fn attend(q: &[f32], k: &[f32], v: &[f32], spec: AttnSpec) -> Vec<f32
     out
 }
 
-/// One query head's attention at absolute position `pos` into `out`. On x86-64 with AVX2
-/// the same code is compiled for 256-bit registers: every lane does the same `f32`
-/// multiplications and additions in the same order, so the results are identical.
+/// One query head's attention at absolute position `pos` into `out`. On x86-64 the same
+/// arithmetic runs in 256-bit registers (AVX2) or, for heads of 128 or 256 values, in the
+/// AVX-512 loops of `attention_avx512`: every lane does the same `f32` multiplications and
+/// additions in the same order, so the results are identical.
 fn head_attention(
     qh: &[f32],
     k: &[f32],
@@ -62,6 +63,16 @@ fn head_attention(
     head: usize,
     out: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(spec.head_dim, 128 | 256) && crate::attention_avx512::available() {
+        // SAFETY: AVX-512F and DQ were just detected.
+        return unsafe {
+            match spec.head_dim {
+                128 => head_attention_avx512::<8>(qh, k, v, spec, pos, head, out),
+                _ => head_attention_avx512::<16>(qh, k, v, spec, pos, head, out),
+            }
+        };
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 was just detected.
@@ -85,6 +96,54 @@ fn head_attention_avx2(
     head_attention_body(qh, k, v, spec, pos, head, out);
 }
 
+/// [`head_attention_body`] with the AVX-512 loops, for heads of `16 * C` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f,avx512dq")]
+fn head_attention_avx512<const C: usize>(
+    qh: &[f32],
+    k: &[f32],
+    v: &[f32],
+    spec: AttnSpec,
+    pos: usize,
+    head: usize,
+    out: &mut [f32],
+) {
+    use crate::attention_avx512::{scores, weighted_sum, Rows};
+    let (stride, base, keys) = head_layout(spec, pos, head);
+    let mut s = Vec::with_capacity(keys.end() + 1 - keys.start());
+    let rows = |data| Rows { data, stride, base };
+    scores::<C>(qh, rows(k), keys.clone(), spec.scale, &mut s);
+    let inv = normalize(&mut s, spec.softcap);
+    weighted_sum::<C>(&s, inv, rows(v), keys, out);
+}
+
+/// The key/value row stride, the offset of the head's values in a row, and the keys the
+/// query at `pos` sees.
+fn head_layout(
+    spec: AttnSpec,
+    pos: usize,
+    head: usize,
+) -> (usize, usize, std::ops::RangeInclusive<usize>) {
+    let hd = spec.head_dim;
+    let kv_head = head / (spec.n_heads / spec.n_kv_heads);
+    let start = spec.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    (spec.n_kv_heads * hd, kv_head * hd, start..=pos)
+}
+
+/// Turns raw scores into unnormalised softmax weights (soft-capped first when `softcap`)
+/// and returns the reciprocal of their sum, added in key order.
+#[inline(always)]
+fn normalize(scores: &mut [f32], softcap: Option<f32>) -> f32 {
+    if let Some(cap) = softcap {
+        crate::ops::softcap(scores, cap);
+    }
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+    }
+    1.0 / scores.iter().fold(0f32, |sum, s| sum + s)
+}
+
 #[inline(always)]
 fn head_attention_body(
     qh: &[f32],
@@ -96,29 +155,18 @@ fn head_attention_body(
     out: &mut [f32],
 ) {
     let hd = spec.head_dim;
-    let kv_dim = spec.n_kv_heads * hd;
-    let kv_head = head / (spec.n_heads / spec.n_kv_heads);
-    let start = spec.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    let (stride, base, keys) = head_layout(spec, pos, head);
     // A plain loop rather than an iterator chain, so that `dot` is compiled inside this
     // function (and with its target features).
-    let mut scores = Vec::with_capacity(pos + 1 - start);
-    for j in start..=pos {
-        scores.push(dot(qh, &k[j * kv_dim + kv_head * hd..][..hd]) * spec.scale);
+    let mut scores = Vec::with_capacity(keys.end() + 1 - keys.start());
+    for j in keys.clone() {
+        scores.push(dot(qh, &k[j * stride + base..][..hd]) * spec.scale);
     }
-    if let Some(cap) = spec.softcap {
-        crate::ops::softcap(&mut scores, cap);
-    }
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
-    let inv = 1.0 / sum;
+    let inv = normalize(&mut scores, spec.softcap);
     out.fill(0.0);
-    for (j, s) in (start..=pos).zip(&scores) {
+    for (j, s) in keys.zip(&scores) {
         let p = s * inv;
-        let vj = &v[j * kv_dim + kv_head * hd..][..hd];
+        let vj = &v[j * stride + base..][..hd];
         for (o, x) in out.iter_mut().zip(vj) {
             *o += p * x;
         }
@@ -165,6 +213,40 @@ mod tests {
                         .map(|x| x.to_bits())
                         .collect::<Vec<_>>()
                 );
+            }
+        }
+    }
+
+    /// The dispatched head attention (AVX2, or AVX-512 where present) gives the bits of the
+    /// portable loops for the head sizes the AVX-512 loops take, across tile tails, sliding
+    /// windows, soft-capping and both head groupings.
+    #[test]
+    fn simd_heads_equal_the_portable_loops_bitwise() {
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for hd in [128, 256] {
+            for (n_heads, n_kv_heads) in [(4, 1), (2, 2)] {
+                let kv = 40 * n_kv_heads * hd;
+                let (k, v, q) = (data(kv, 1.0), data(kv, 2.0), data(n_heads * hd, 3.0));
+                for (window, softcap) in [(None, None), (Some(7), None), (None, Some(5.0))] {
+                    let spec = AttnSpec {
+                        pos0: 0,
+                        n_heads,
+                        n_kv_heads,
+                        head_dim: hd,
+                        scale: 0.3,
+                        window,
+                        softcap,
+                    };
+                    for pos in [0, 1, 15, 16, 17, 33, 39] {
+                        for head in 0..n_heads {
+                            let qh = &q[head * hd..][..hd];
+                            let (mut fast, mut plain) = (vec![0f32; hd], vec![f32::NAN; hd]);
+                            head_attention(qh, &k, &v, spec, pos, head, &mut fast);
+                            head_attention_body(qh, &k, &v, spec, pos, head, &mut plain);
+                            assert_eq!(bits(&fast), bits(&plain), "hd {hd} pos {pos} head {head}");
+                        }
+                    }
+                }
             }
         }
     }

@@ -9,6 +9,8 @@
 //! [`Gemma3::forward`].
 
 mod attention;
+#[cfg(target_arch = "x86_64")]
+mod attention_avx512;
 mod config;
 mod convert;
 mod device;

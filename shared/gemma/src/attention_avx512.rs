@@ -1,0 +1,127 @@
+//! AVX-512 forms of the two loops of one query head's attention (`attention.rs`), for heads
+//! of `16 * C` values. Every score and every output element gets the same `f32` operations
+//! in the same order as the portable loops, so the results are bit-identical:
+//!
+//! * scores: the 8-lane arithmetic of [`tandem_kernels::dot`] (lane `i` adds `q[8c + i] ·
+//!   key[8c + i]` for increasing `c`, a multiplication then an addition, then the fixed sum
+//!   of the lanes), for two keys per register, one in each half, and eight registers at a
+//!   time so that eight addition chains overlap instead of one waiting on the last;
+//! * weighted sum: each output element starts at zero and adds `p_j · v_j` for increasing
+//!   `j`, with the whole output in `C` registers instead of going through memory per key.
+
+use std::arch::x86_64::*;
+use std::ops::RangeInclusive;
+
+/// Key pairs per tile of the scores loop.
+const PAIRS: usize = 8;
+
+/// Where a head's keys or values lie: key `j` is `data[j * stride + base..][..16 * C]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rows<'a> {
+    pub(crate) data: &'a [f32],
+    pub(crate) stride: usize,
+    pub(crate) base: usize,
+}
+
+impl Rows<'_> {
+    /// Pointer to key `j`, checking that its `len` values are in bounds.
+    fn at(&self, j: usize, len: usize) -> *const f32 {
+        self.data[j * self.stride + self.base..][..len].as_ptr()
+    }
+}
+
+/// Whether this CPU runs these loops.
+pub(crate) fn available() -> bool {
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq")
+}
+
+/// Pushes `dot(q, key_j) * scale` for every key `j` of `keys` onto `scores`.
+///
+/// # Safety
+/// [`available`] must hold.
+#[target_feature(enable = "avx2,avx512f,avx512dq")]
+pub(crate) fn scores<const C: usize>(
+    q: &[f32],
+    keys: Rows<'_>,
+    range: RangeInclusive<usize>,
+    scale: f32,
+    scores: &mut Vec<f32>,
+) {
+    assert_eq!(q.len(), 16 * C);
+    let (mut j, end) = (*range.start(), *range.end() + 1);
+    while j + 2 * PAIRS <= end {
+        let rows: [*const f32; 2 * PAIRS] = std::array::from_fn(|t| keys.at(j + t, 16 * C));
+        let mut acc = [_mm512_setzero_ps(); PAIRS];
+        for c in 0..2 * C {
+            // SAFETY: `8c + 8 <= 16C`, inside `q` and every key row (checked by `at`).
+            unsafe {
+                let qc = _mm512_broadcast_f32x8(_mm256_loadu_ps(q.as_ptr().add(8 * c)));
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    let low = _mm256_loadu_ps(rows[2 * t].add(8 * c));
+                    let high = _mm256_loadu_ps(rows[2 * t + 1].add(8 * c));
+                    let kc = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(low), high);
+                    *acc = _mm512_add_ps(*acc, _mm512_mul_ps(qc, kc));
+                }
+            }
+        }
+        for acc in acc {
+            scores.push(lanes_sum(_mm512_castps512_ps256(acc)) * scale);
+            scores.push(lanes_sum(_mm512_extractf32x8_ps::<1>(acc)) * scale);
+        }
+        j += 2 * PAIRS;
+    }
+    for j in j..end {
+        let row = keys.at(j, 16 * C);
+        let mut acc = _mm256_setzero_ps();
+        for c in 0..2 * C {
+            // SAFETY: `8c + 8 <= 16C`, inside `q` and the key row (checked by `at`).
+            unsafe {
+                let prod = _mm256_mul_ps(
+                    _mm256_loadu_ps(q.as_ptr().add(8 * c)),
+                    _mm256_loadu_ps(row.add(8 * c)),
+                );
+                acc = _mm256_add_ps(acc, prod);
+            }
+        }
+        scores.push(lanes_sum(acc) * scale);
+    }
+}
+
+/// The final sum of `dot`'s eight lanes: `((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7))`.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512dq")]
+fn lanes_sum(v: __m256) -> f32 {
+    let t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let u = _mm_add_ps(t, _mm_shuffle_ps::<0b10_11_00_01>(t, t));
+    _mm_cvtss_f32(u) + _mm_cvtss_f32(_mm_movehl_ps(u, u))
+}
+
+/// `out = Σ_j (weights[j] · inv) · value_j` over the values `range`, element by element from
+/// zero in increasing `j`.
+///
+/// # Safety
+/// [`available`] must hold.
+#[target_feature(enable = "avx2,avx512f,avx512dq")]
+pub(crate) fn weighted_sum<const C: usize>(
+    weights: &[f32],
+    inv: f32,
+    values: Rows<'_>,
+    range: RangeInclusive<usize>,
+    out: &mut [f32],
+) {
+    assert_eq!(out.len(), 16 * C);
+    let mut acc = [_mm512_setzero_ps(); C];
+    for (j, w) in range.zip(weights) {
+        let p = _mm512_set1_ps(w * inv);
+        let row = values.at(j, 16 * C);
+        for (c, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: `16c + 16 <= 16C`, inside the value row (checked by `at`).
+            let x = unsafe { _mm512_loadu_ps(row.add(16 * c)) };
+            *acc = _mm512_add_ps(*acc, _mm512_mul_ps(p, x));
+        }
+    }
+    for (o, acc) in out.chunks_exact_mut(16).zip(acc) {
+        // SAFETY: `o` holds 16 writable floats.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), acc) };
+    }
+}
