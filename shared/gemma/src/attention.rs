@@ -37,17 +37,103 @@ pub(crate) fn attend(q: &[f32], k: &[f32], v: &[f32], spec: AttnSpec) -> Vec<f32
     let m = q.len() / q_dim;
     let mut out = vec![0f32; q.len()];
     let work = m * spec.n_heads * (spec.pos0 + m) * hd;
+    // Where the AVX-512 loops run, the query heads of a key head go together (one read of
+    // each key and value for all of them); a single row splits them in two tasks, so that
+    // both halves run in parallel.
+    let group = spec.n_heads / spec.n_kv_heads;
+    let heads = match (grouped(spec), m) {
+        (false, _) => 1,
+        (true, 1) if group >= 4 => group / 2,
+        (true, 1) => 1,
+        (true, _) => group,
+    };
+    let tasks_per_row = spec.n_heads / heads;
     let task = |(idx, o): (usize, &mut [f32])| {
-        let (row, head) = (idx / spec.n_heads, idx % spec.n_heads);
-        let qh = &q[row * q_dim + head * hd..][..hd];
-        head_attention(qh, k, v, spec, spec.pos0 + row, head, o);
+        let (row, head) = (idx / tasks_per_row, idx % tasks_per_row * heads);
+        let qh = &q[row * q_dim + head * hd..][..heads * hd];
+        let pos = spec.pos0 + row;
+        #[cfg(target_arch = "x86_64")]
+        if heads > 1 {
+            return group_attention(qh, k, v, spec, pos, head, o);
+        }
+        head_attention(qh, k, v, spec, pos, head, o);
     };
     if work >= PARALLEL_MIN_WORK {
-        out.par_chunks_mut(hd).enumerate().for_each(task);
+        out.par_chunks_mut(heads * hd).enumerate().for_each(task);
     } else {
-        out.chunks_mut(hd).enumerate().for_each(task);
+        out.chunks_mut(heads * hd).enumerate().for_each(task);
     }
     out
+}
+
+/// Whether the AVX-512 grouped loops take this shape: heads of 128 or 256 values and 2, 4
+/// or 8 query heads per key head.
+fn grouped(spec: AttnSpec) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return matches!(spec.head_dim, 128 | 256)
+        && matches!(spec.n_heads / spec.n_kv_heads, 2 | 4 | 8)
+        && crate::attention_avx512::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = spec;
+        false
+    }
+}
+
+/// The 2, 4 or 8 query heads `head..` of `qg`, which share a key head, at position `pos`,
+/// into `out`: per head exactly [`head_attention`], with the scores of all heads formed
+/// together.
+#[cfg(target_arch = "x86_64")]
+fn group_attention(
+    qg: &[f32],
+    k: &[f32],
+    v: &[f32],
+    spec: AttnSpec,
+    pos: usize,
+    head: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: `attend` groups heads only where `grouped` found AVX-512F and DQ.
+    unsafe {
+        match (spec.head_dim, qg.len() / spec.head_dim) {
+            (128, 2) => group_attention_avx512::<8, 1>(qg, k, v, spec, pos, head, out),
+            (128, 4) => group_attention_avx512::<8, 2>(qg, k, v, spec, pos, head, out),
+            (128, _) => group_attention_avx512::<8, 4>(qg, k, v, spec, pos, head, out),
+            (_, 2) => group_attention_avx512::<16, 1>(qg, k, v, spec, pos, head, out),
+            (_, 4) => group_attention_avx512::<16, 2>(qg, k, v, spec, pos, head, out),
+            _ => group_attention_avx512::<16, 4>(qg, k, v, spec, pos, head, out),
+        }
+    }
+}
+
+/// [`group_attention`] for heads of `16 * C` values, `2 * HP` of them.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f,avx512dq")]
+fn group_attention_avx512<const C: usize, const HP: usize>(
+    qg: &[f32],
+    k: &[f32],
+    v: &[f32],
+    spec: AttnSpec,
+    pos: usize,
+    head: usize,
+    out: &mut [f32],
+) {
+    use crate::attention_avx512::{group_scores, group_weighted_sum, Rows};
+    let (stride, base, keys) = head_layout(spec, pos, head);
+    let rows = |data| Rows { data, stride, base };
+    let mut scores: Vec<Vec<f32>> = (0..2 * HP)
+        .map(|_| Vec::with_capacity(keys.end() + 1 - keys.start()))
+        .collect();
+    group_scores::<C, HP>(qg, rows(k), keys.clone(), spec.scale, &mut scores);
+    let invs: Vec<f32> = scores
+        .iter_mut()
+        .map(|s| normalize(s, spec.softcap))
+        .collect();
+    match HP {
+        1 => group_weighted_sum::<C, 2>(&scores, &invs, rows(v), keys, out),
+        2 => group_weighted_sum::<C, 4>(&scores, &invs, rows(v), keys, out),
+        _ => group_weighted_sum::<C, 8>(&scores, &invs, rows(v), keys, out),
+    }
 }
 
 /// One query head's attention at absolute position `pos` into `out`. On x86-64 the same
@@ -189,6 +275,14 @@ mod tests {
         }
     }
 
+    /// Every combination of the three lists.
+    fn product<A: Copy, B: Copy, C: Copy>(a: &[A], b: &[B], c: &[C]) -> Vec<(A, B, C)> {
+        let pairs = a.iter().flat_map(|&a| b.iter().map(move |&b| (a, b)));
+        pairs
+            .flat_map(|(a, b)| c.iter().map(move |&c| (a, b, c)))
+            .collect()
+    }
+
     fn data(n: usize, seed: f32) -> Vec<f32> {
         (0..n).map(|i| ((i as f32 + seed) * 0.7).sin()).collect()
     }
@@ -246,6 +340,38 @@ mod tests {
                             assert_eq!(bits(&fast), bits(&plain), "hd {hd} pos {pos} head {head}");
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// A forward of one row or a block (heads grouped where AVX-512 runs) gives, row by row
+    /// and head by head, the bits of the portable loops.
+    #[test]
+    fn block_heads_equal_the_portable_loops_bitwise() {
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let shapes = [(4, 1), (4, 2), (8, 1), (2, 2)];
+        for (hd, (n_heads, n_kv_heads), m) in product(&[128, 256], &shapes, &[1, 5]) {
+            let pos0 = 21;
+            let kv = (pos0 + m) * n_kv_heads * hd;
+            let (k, v) = (data(kv, 1.0), data(kv, 2.0));
+            let q = data(m * n_heads * hd, 3.0);
+            for window in [None, Some(9)] {
+                let spec = AttnSpec {
+                    pos0,
+                    n_heads,
+                    n_kv_heads,
+                    head_dim: hd,
+                    scale: 0.3,
+                    window,
+                    softcap: None,
+                };
+                let block = attend(&q, &k, &v, spec);
+                for (i, (qh, got)) in q.chunks(hd).zip(block.chunks(hd)).enumerate() {
+                    let (row, head) = (i / n_heads, i % n_heads);
+                    let mut plain = vec![f32::NAN; hd];
+                    head_attention_body(qh, &k, &v, spec, pos0 + row, head, &mut plain);
+                    assert_eq!(bits(got), bits(&plain), "hd {hd} row {row} head {head}");
                 }
             }
         }
