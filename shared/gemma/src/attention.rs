@@ -93,7 +93,7 @@ fn group_attention(
     head: usize,
     out: &mut [f32],
 ) {
-    // SAFETY: `attend` groups heads only where `grouped` found AVX-512F and DQ.
+    // SAFETY: `attend` groups heads only where `grouped` found AVX2, AVX-512F and DQ.
     unsafe {
         match (spec.head_dim, qg.len() / spec.head_dim) {
             (128, 2) => group_attention_avx512::<8, 1>(qg, k, v, spec, pos, head, out),
@@ -151,7 +151,7 @@ fn head_attention(
 ) {
     #[cfg(target_arch = "x86_64")]
     if matches!(spec.head_dim, 128 | 256) && crate::attention_avx512::available() {
-        // SAFETY: AVX-512F and DQ were just detected.
+        // SAFETY: AVX2, AVX-512F and DQ were just detected.
         return unsafe {
             match spec.head_dim {
                 128 => head_attention_avx512::<8>(qh, k, v, spec, pos, head, out),

@@ -38,7 +38,9 @@ impl Rows<'_> {
 
 /// Whether this CPU runs these loops.
 pub(crate) fn available() -> bool {
-    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq")
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512dq")
 }
 
 /// Pushes `dot(q, key_j) * scale` for every key `j` of `keys` onto `scores`.
