@@ -118,7 +118,8 @@ fn group_attention_avx512<const C: usize, const HP: usize>(
     head: usize,
     out: &mut [f32],
 ) {
-    use crate::attention_avx512::{group_scores, group_weighted_sum, Rows};
+    use crate::attention_avx2::Rows;
+    use crate::attention_avx512::{group_scores, group_weighted_sum};
     let (stride, base, keys) = head_layout(spec, pos, head);
     let rows = |data| Rows { data, stride, base };
     let mut scores: Vec<Vec<f32>> = (0..2 * HP)
@@ -137,9 +138,10 @@ fn group_attention_avx512<const C: usize, const HP: usize>(
 }
 
 /// One query head's attention at absolute position `pos` into `out`. On x86-64 the same
-/// arithmetic runs in 256-bit registers (AVX2) or, for heads of 128 or 256 values, in the
-/// AVX-512 loops of `attention_avx512`: every lane does the same `f32` multiplications and
-/// additions in the same order, so the results are identical.
+/// arithmetic runs in the AVX-512 loops of `attention_avx512` (heads of 128 or 256 values),
+/// the AVX2 loops of `attention_avx2` (a multiple of 64) or the portable loops compiled for
+/// AVX2: every lane does the same `f32` multiplications and additions in the same order, so
+/// the results are identical.
 fn head_attention(
     qh: &[f32],
     k: &[f32],
@@ -167,7 +169,8 @@ fn head_attention(
     head_attention_body(qh, k, v, spec, pos, head, out);
 }
 
-/// [`head_attention_body`] compiled with AVX2.
+/// [`head_attention_body`] with the AVX2 loops of `attention_avx2` where they take the head
+/// width, compiled with AVX2 either way.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn head_attention_avx2(
@@ -179,7 +182,16 @@ fn head_attention_avx2(
     head: usize,
     out: &mut [f32],
 ) {
-    head_attention_body(qh, k, v, spec, pos, head, out);
+    use crate::attention_avx2::{scores, takes, weighted_sum, Rows};
+    if !takes(spec.head_dim) {
+        return head_attention_body(qh, k, v, spec, pos, head, out);
+    }
+    let (stride, base, keys) = head_layout(spec, pos, head);
+    let mut s = Vec::with_capacity(keys.end() + 1 - keys.start());
+    let rows = |data| Rows { data, stride, base };
+    scores(qh, rows(k), keys.clone(), spec.scale, &mut s);
+    let inv = normalize(&mut s, spec.softcap);
+    weighted_sum(&s, inv, rows(v), keys, out);
 }
 
 /// [`head_attention_body`] with the AVX-512 loops, for heads of `16 * C` values.
@@ -194,7 +206,8 @@ fn head_attention_avx512<const C: usize>(
     head: usize,
     out: &mut [f32],
 ) {
-    use crate::attention_avx512::{scores, weighted_sum, Rows};
+    use crate::attention_avx2::Rows;
+    use crate::attention_avx512::{scores, weighted_sum};
     let (stride, base, keys) = head_layout(spec, pos, head);
     let mut s = Vec::with_capacity(keys.end() + 1 - keys.start());
     let rows = |data| Rows { data, stride, base };
@@ -340,6 +353,42 @@ mod tests {
                             assert_eq!(bits(&fast), bits(&plain), "hd {hd} pos {pos} head {head}");
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// The AVX2 loops give the bits of the portable ones, for the head widths they take
+    /// (and fall back to them for others), across tile tails, windows and soft-capping.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_heads_equal_the_portable_loops_bitwise() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            return;
+        }
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for hd in [64, 96, 128, 256] {
+            let (k, v, q) = (data(40 * hd, 1.0), data(40 * hd, 2.0), data(2 * hd, 3.0));
+            for (window, softcap) in [(None, None), (Some(7), None), (None, Some(5.0))] {
+                let spec = AttnSpec {
+                    pos0: 0,
+                    n_heads: 2,
+                    n_kv_heads: 1,
+                    head_dim: hd,
+                    scale: 0.3,
+                    window,
+                    softcap,
+                };
+                for (pos, head) in [0, 1, 7, 8, 9, 17, 39]
+                    .into_iter()
+                    .flat_map(|p| [(p, 0), (p, 1)])
+                {
+                    let qh = &q[head * hd..][..hd];
+                    let (mut fast, mut plain) = (vec![0f32; hd], vec![f32::NAN; hd]);
+                    // SAFETY: AVX2 was just detected.
+                    unsafe { head_attention_avx2(qh, &k, &v, spec, pos, head, &mut fast) };
+                    head_attention_body(qh, &k, &v, spec, pos, head, &mut plain);
+                    assert_eq!(bits(&fast), bits(&plain), "hd {hd} pos {pos} head {head}");
                 }
             }
         }

@@ -15,26 +15,13 @@
 use std::arch::x86_64::*;
 use std::ops::RangeInclusive;
 
+use crate::attention_avx2::{lanes_sum, Rows};
+
 /// Key pairs per tile of the scores loop.
 const PAIRS: usize = 8;
 
 /// Keys per tile of the grouped scores loop.
 const GROUP_KEYS: usize = 8;
-
-/// Where a head's keys or values lie: key `j` is `data[j * stride + base..][..16 * C]`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Rows<'a> {
-    pub(crate) data: &'a [f32],
-    pub(crate) stride: usize,
-    pub(crate) base: usize,
-}
-
-impl Rows<'_> {
-    /// Pointer to key `j`, checking that its `len` values are in bounds.
-    fn at(&self, j: usize, len: usize) -> *const f32 {
-        self.data[j * self.stride + self.base..][..len].as_ptr()
-    }
-}
 
 /// Whether this CPU runs these loops.
 pub(crate) fn available() -> bool {
@@ -167,15 +154,6 @@ fn group_tile<const C: usize, const HP: usize, const T: usize>(
             scores[2 * p + 1].push(lanes_sum(_mm512_extractf32x8_ps::<1>(acc)) * scale);
         }
     }
-}
-
-/// The final sum of `dot`'s eight lanes: `((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7))`.
-#[inline]
-#[target_feature(enable = "avx2,avx512f,avx512dq")]
-fn lanes_sum(v: __m256) -> f32 {
-    let t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let u = _mm_add_ps(t, _mm_shuffle_ps::<0b10_11_00_01>(t, t));
-    _mm_cvtss_f32(u) + _mm_cvtss_f32(_mm_movehl_ps(u, u))
 }
 
 /// `out = Σ_j (weights[j] · inv) · value_j` over the values `range`, element by element from

@@ -10,6 +10,8 @@
 
 mod attention;
 #[cfg(target_arch = "x86_64")]
+mod attention_avx2;
+#[cfg(target_arch = "x86_64")]
 mod attention_avx512;
 mod config;
 mod convert;
