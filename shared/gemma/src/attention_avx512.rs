@@ -98,20 +98,19 @@ pub(crate) fn group_scores<const C: usize, const HP: usize>(
     let hd = 16 * C;
     assert!(q.len() == 2 * HP * hd && scores.len() == 2 * HP);
     // Chunk `c` of heads `2p` (low half) and `2p + 1` (high half): `qp[p * 2C + c]`.
-    let qp: Vec<__m512> = (0..HP * 2 * C)
-        .map(|i| {
-            let (p, c) = (i / (2 * C), i % (2 * C));
-            let low = &q[2 * p * hd + 8 * c..][..8];
-            let high = &q[(2 * p + 1) * hd + 8 * c..][..8];
-            // SAFETY: both slices hold eight floats.
-            unsafe {
-                _mm512_insertf32x8::<1>(
-                    _mm512_castps256_ps512(_mm256_loadu_ps(low.as_ptr())),
-                    _mm256_loadu_ps(high.as_ptr()),
-                )
-            }
-        })
-        .collect();
+    let mut qp = vec![_mm512_setzero_ps(); HP * 2 * C];
+    for (i, qp) in qp.iter_mut().enumerate() {
+        let (p, c) = (i / (2 * C), i % (2 * C));
+        let low = &q[2 * p * hd + 8 * c..][..8];
+        let high = &q[(2 * p + 1) * hd + 8 * c..][..8];
+        // SAFETY: both slices hold eight floats.
+        *qp = unsafe {
+            _mm512_insertf32x8::<1>(
+                _mm512_castps256_ps512(_mm256_loadu_ps(low.as_ptr())),
+                _mm256_loadu_ps(high.as_ptr()),
+            )
+        };
+    }
     let (mut j, end) = (*range.start(), *range.end() + 1);
     while j < end {
         let n = (end - j).min(GROUP_KEYS);

@@ -204,10 +204,9 @@ fn group<const T: u8, const P: usize>(wrow: &[u8], g: &Group, j: usize, outs: &m
         let blk = &wrow[s * bb..(s + 1) * bb];
         let u = unpack::<T>(blk);
         let halves = [
-            _mm256_permute2x128_si256::<0x00>(u.scales, u.scales),
-            _mm256_permute2x128_si256::<0x11>(u.scales, u.scales),
-        ]
-        .map(|h| _mm512_broadcast_i64x4(h));
+            _mm512_broadcast_i64x4(_mm256_permute2x128_si256::<0x00>(u.scales, u.scales)),
+            _mm512_broadcast_i64x4(_mm256_permute2x128_si256::<0x11>(u.scales, u.scales)),
+        ];
         let xs = &g.x[s * P * CHUNKS..(s + 1) * P * CHUNKS];
         let q = codes::<T>(blk);
         let mut sumi = [_mm512_setzero_si512(); P];

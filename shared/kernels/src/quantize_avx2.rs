@@ -43,6 +43,19 @@ fn codes(scale: f32, v: __m256) -> __m256i {
     _mm256_cvtps_epi32(_mm256_and_ps(p, ordered))
 }
 
+/// The first `8 * N` values of `xb` in `N` registers. Loops rather than
+/// closures throughout this module: a closure is compiled without the
+/// enclosing function's target features, so its intrinsics are not inlined.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load_blocks<const N: usize>(xb: &[f32]) -> [__m256; N] {
+    let mut v = [_mm256_setzero_ps(); N];
+    for (c, v) in v.iter_mut().enumerate() {
+        *v = load_f32x8(&xb[8 * c..]);
+    }
+    v
+}
+
 /// Four vectors of eight `i32` codes to 32 bytes in element order,
 /// saturated to `-128..=127`.
 #[inline]
@@ -60,10 +73,14 @@ fn pack(q: [__m256i; 4]) -> __m256i {
 /// values) XOR `flip` into `qb`, returning the f16-rounded scale.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn q8_0_block(xb: &[f32], qb: &mut [i8], flip: i8) -> f32 {
-    let v: [__m256; 4] = std::array::from_fn(|c| load_f32x8(&xb[8 * c..]));
+    let v = load_blocks::<4>(xb);
     let amax = abs_max(&v);
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-    let bytes = pack(v.map(|v| codes(id, v)));
+    let mut q = [_mm256_setzero_si256(); 4];
+    for (q, &v) in q.iter_mut().zip(&v) {
+        *q = codes(id, v);
+    }
+    let bytes = pack(q);
     store_i8x32(qb, _mm256_xor_si256(bytes, _mm256_set1_epi8(flip)));
     f16::from_f32(amax / 127.0).to_f32()
 }
@@ -73,24 +90,27 @@ pub(crate) fn q8_0_block(xb: &[f32], qb: &mut [i8], flip: i8) -> f32 {
 /// scale (0 for an all-zero block, whose codes and sums stay untouched).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn q8_k_block(xb: &[f32], qb: &mut [i8], sb: &mut [i16]) -> f32 {
-    let v: [__m256; 32] = std::array::from_fn(|c| load_f32x8(&xb[8 * c..]));
+    let v = load_blocks::<32>(xb);
     let amax = abs_max(&v);
     if amax == 0.0 {
         return 0.0;
     }
     // The first element of largest magnitude, as the scalar scan finds it.
-    let at = v
-        .iter()
-        .enumerate()
-        .find_map(|(c, &v)| {
-            let hits = _mm256_cmp_ps::<_CMP_EQ_OQ>(abs(v), _mm256_set1_ps(amax));
-            let mask = _mm256_movemask_ps(hits);
-            (mask != 0).then(|| 8 * c + mask.trailing_zeros() as usize)
-        })
-        .unwrap_or(0);
+    let mut at = 0;
+    for (c, &v) in v.iter().enumerate() {
+        let hits = _mm256_cmp_ps::<_CMP_EQ_OQ>(abs(v), _mm256_set1_ps(amax));
+        let mask = _mm256_movemask_ps(hits);
+        if mask != 0 {
+            at = 8 * c + mask.trailing_zeros() as usize;
+            break;
+        }
+    }
     let iscale = -127.0 / xb[at];
     for (c, v) in v.chunks_exact(4).enumerate() {
-        let q: [__m256i; 4] = std::array::from_fn(|i| codes(iscale, v[i]));
+        let mut q = [_mm256_setzero_si256(); 4];
+        for (q, &v) in q.iter_mut().zip(v) {
+            *q = codes(iscale, v);
+        }
         for (g, pair) in q.chunks_exact(2).enumerate() {
             let s = _mm256_add_epi32(pair[0], pair[1]);
             let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
