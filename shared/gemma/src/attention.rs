@@ -51,12 +51,12 @@ pub(crate) fn attend(q: &[f32], k: &[f32], v: &[f32], spec: AttnSpec) -> Vec<f32
     let task = |(idx, o): (usize, &mut [f32])| {
         let (row, head) = (idx / tasks_per_row, idx % tasks_per_row * heads);
         let qh = &q[row * q_dim + head * hd..][..heads * hd];
-        let pos = spec.pos0 + row;
+        let task = Task::new(qh, k, v, spec, spec.pos0 + row, head);
         #[cfg(target_arch = "x86_64")]
         if heads > 1 {
-            return group_attention(qh, k, v, spec, pos, head, o);
+            return group_attention(task, o);
         }
-        head_attention(qh, k, v, spec, pos, head, o);
+        head_attention(task, o);
     };
     if work >= PARALLEL_MIN_WORK {
         out.par_chunks_mut(heads * hd).enumerate().for_each(task);
@@ -64,6 +64,80 @@ pub(crate) fn attend(q: &[f32], k: &[f32], v: &[f32], spec: AttnSpec) -> Vec<f32
         out.chunks_mut(heads * hd).enumerate().for_each(task);
     }
     out
+}
+
+/// Where a head's keys or values lie in the cache: key `j` is `data[j * stride + base..]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rows<'a> {
+    pub(crate) data: &'a [f32],
+    pub(crate) stride: usize,
+    pub(crate) base: usize,
+}
+
+impl<'a> Rows<'a> {
+    /// The `len` values of key `j`.
+    pub(crate) fn row(&self, j: usize, len: usize) -> &'a [f32] {
+        &self.data[j * self.stride + self.base..][..len]
+    }
+
+    /// Pointer to key `j`, checking that its `len` values are in bounds.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn at(&self, j: usize, len: usize) -> *const f32 {
+        self.row(j, len).as_ptr()
+    }
+}
+
+/// One attention task: the query values of one head, or of the heads sharing a key head
+/// (`head` the first), and the keys and values they read.
+#[derive(Debug, Clone, Copy)]
+struct Task<'a> {
+    q: &'a [f32],
+    keys: Rows<'a>,
+    values: Rows<'a>,
+    /// First key seen (the sliding window's start).
+    start: usize,
+    /// The query's position, its last key.
+    pos: usize,
+    spec: AttnSpec,
+}
+
+impl<'a> Task<'a> {
+    /// The task of query values `q` (heads `head..`) at absolute position `pos`.
+    fn new(
+        q: &'a [f32],
+        k: &'a [f32],
+        v: &'a [f32],
+        spec: AttnSpec,
+        pos: usize,
+        head: usize,
+    ) -> Self {
+        let hd = spec.head_dim;
+        let kv_head = head / (spec.n_heads / spec.n_kv_heads);
+        let rows = |data| Rows {
+            data,
+            stride: spec.n_kv_heads * hd,
+            base: kv_head * hd,
+        };
+        let start = spec.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        Task {
+            q,
+            keys: rows(k),
+            values: rows(v),
+            start,
+            pos,
+            spec,
+        }
+    }
+
+    /// The keys the query sees.
+    fn range(&self) -> std::ops::RangeInclusive<usize> {
+        self.start..=self.pos
+    }
+
+    /// An empty vector for one head's scores.
+    fn score_buffer(&self) -> Vec<f32> {
+        Vec::with_capacity(self.pos + 1 - self.start)
+    }
 }
 
 /// Whether the AVX-512 grouped loops take this shape: heads of 128 or 256 values and 2, 4
@@ -80,28 +154,19 @@ fn grouped(spec: AttnSpec) -> bool {
     }
 }
 
-/// The 2, 4 or 8 query heads `head..` of `qg`, which share a key head, at position `pos`,
-/// into `out`: per head exactly [`head_attention`], with the scores of all heads formed
-/// together.
+/// A task of 2, 4 or 8 query heads sharing a key head, into `out`: per head exactly
+/// [`head_attention`], with the scores of all heads formed together.
 #[cfg(target_arch = "x86_64")]
-fn group_attention(
-    qg: &[f32],
-    k: &[f32],
-    v: &[f32],
-    spec: AttnSpec,
-    pos: usize,
-    head: usize,
-    out: &mut [f32],
-) {
+fn group_attention(t: Task<'_>, out: &mut [f32]) {
     // SAFETY: `attend` groups heads only where `grouped` found AVX2, AVX-512F and DQ.
     unsafe {
-        match (spec.head_dim, qg.len() / spec.head_dim) {
-            (128, 2) => group_attention_avx512::<8, 1>(qg, k, v, spec, pos, head, out),
-            (128, 4) => group_attention_avx512::<8, 2>(qg, k, v, spec, pos, head, out),
-            (128, _) => group_attention_avx512::<8, 4>(qg, k, v, spec, pos, head, out),
-            (_, 2) => group_attention_avx512::<16, 1>(qg, k, v, spec, pos, head, out),
-            (_, 4) => group_attention_avx512::<16, 2>(qg, k, v, spec, pos, head, out),
-            _ => group_attention_avx512::<16, 4>(qg, k, v, spec, pos, head, out),
+        match (t.spec.head_dim, t.q.len() / t.spec.head_dim) {
+            (128, 2) => group_attention_avx512::<8, 1>(t, out),
+            (128, 4) => group_attention_avx512::<8, 2>(t, out),
+            (128, _) => group_attention_avx512::<8, 4>(t, out),
+            (_, 2) => group_attention_avx512::<16, 1>(t, out),
+            (_, 4) => group_attention_avx512::<16, 2>(t, out),
+            _ => group_attention_avx512::<16, 4>(t, out),
         }
     }
 }
@@ -109,124 +174,69 @@ fn group_attention(
 /// [`group_attention`] for heads of `16 * C` values, `2 * HP` of them.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,avx512f,avx512dq")]
-fn group_attention_avx512<const C: usize, const HP: usize>(
-    qg: &[f32],
-    k: &[f32],
-    v: &[f32],
-    spec: AttnSpec,
-    pos: usize,
-    head: usize,
-    out: &mut [f32],
-) {
-    use crate::attention_avx2::Rows;
+fn group_attention_avx512<const C: usize, const HP: usize>(t: Task<'_>, out: &mut [f32]) {
     use crate::attention_avx512::{group_scores, group_weighted_sum};
-    let (stride, base, keys) = head_layout(spec, pos, head);
-    let rows = |data| Rows { data, stride, base };
-    let mut scores: Vec<Vec<f32>> = (0..2 * HP)
-        .map(|_| Vec::with_capacity(keys.end() + 1 - keys.start()))
-        .collect();
-    group_scores::<C, HP>(qg, rows(k), keys.clone(), spec.scale, &mut scores);
+    let mut scores: Vec<Vec<f32>> = (0..2 * HP).map(|_| t.score_buffer()).collect();
+    group_scores::<C, HP>(t.q, t.keys, t.range(), t.spec.scale, &mut scores);
     let invs: Vec<f32> = scores
         .iter_mut()
-        .map(|s| normalize(s, spec.softcap))
+        .map(|s| normalize(s, t.spec.softcap))
         .collect();
     match HP {
-        1 => group_weighted_sum::<C, 2>(&scores, &invs, rows(v), keys, out),
-        2 => group_weighted_sum::<C, 4>(&scores, &invs, rows(v), keys, out),
-        _ => group_weighted_sum::<C, 8>(&scores, &invs, rows(v), keys, out),
+        1 => group_weighted_sum::<C, 2>(&scores, &invs, t.values, t.range(), out),
+        2 => group_weighted_sum::<C, 4>(&scores, &invs, t.values, t.range(), out),
+        _ => group_weighted_sum::<C, 8>(&scores, &invs, t.values, t.range(), out),
     }
 }
 
-/// One query head's attention at absolute position `pos` into `out`. On x86-64 the same
-/// arithmetic runs in the AVX-512 loops of `attention_avx512` (heads of 128 or 256 values),
-/// the AVX2 loops of `attention_avx2` (a multiple of 64) or the portable loops compiled for
-/// AVX2: every lane does the same `f32` multiplications and additions in the same order, so
-/// the results are identical.
-fn head_attention(
-    qh: &[f32],
-    k: &[f32],
-    v: &[f32],
-    spec: AttnSpec,
-    pos: usize,
-    head: usize,
-    out: &mut [f32],
-) {
+/// One query head's attention into `out`. On x86-64 the same arithmetic runs in the
+/// AVX-512 loops of `attention_avx512` (heads of 128 or 256 values), the AVX2 loops of
+/// `attention_avx2` (a multiple of 64) or the portable loops compiled for AVX2: every lane
+/// does the same `f32` multiplications and additions in the same order, so the results are
+/// identical.
+fn head_attention(t: Task<'_>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if matches!(spec.head_dim, 128 | 256) && crate::attention_avx512::available() {
+    if matches!(t.spec.head_dim, 128 | 256) && crate::attention_avx512::available() {
         // SAFETY: AVX2, AVX-512F and DQ were just detected.
         return unsafe {
-            match spec.head_dim {
-                128 => head_attention_avx512::<8>(qh, k, v, spec, pos, head, out),
-                _ => head_attention_avx512::<16>(qh, k, v, spec, pos, head, out),
+            match t.spec.head_dim {
+                128 => head_attention_avx512::<8>(t, out),
+                _ => head_attention_avx512::<16>(t, out),
             }
         };
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 was just detected.
-        return unsafe { head_attention_avx2(qh, k, v, spec, pos, head, out) };
+        return unsafe { head_attention_avx2(t, out) };
     }
-    head_attention_body(qh, k, v, spec, pos, head, out);
+    head_attention_body(t, out);
 }
 
 /// [`head_attention_body`] with the AVX2 loops of `attention_avx2` where they take the head
 /// width, compiled with AVX2 either way.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn head_attention_avx2(
-    qh: &[f32],
-    k: &[f32],
-    v: &[f32],
-    spec: AttnSpec,
-    pos: usize,
-    head: usize,
-    out: &mut [f32],
-) {
-    use crate::attention_avx2::{scores, takes, weighted_sum, Rows};
-    if !takes(spec.head_dim) {
-        return head_attention_body(qh, k, v, spec, pos, head, out);
+fn head_attention_avx2(t: Task<'_>, out: &mut [f32]) {
+    use crate::attention_avx2::{scores, takes, weighted_sum};
+    if !takes(t.spec.head_dim) {
+        return head_attention_body(t, out);
     }
-    let (stride, base, keys) = head_layout(spec, pos, head);
-    let mut s = Vec::with_capacity(keys.end() + 1 - keys.start());
-    let rows = |data| Rows { data, stride, base };
-    scores(qh, rows(k), keys.clone(), spec.scale, &mut s);
-    let inv = normalize(&mut s, spec.softcap);
-    weighted_sum(&s, inv, rows(v), keys, out);
+    let mut s = t.score_buffer();
+    scores(t.q, t.keys, t.range(), t.spec.scale, &mut s);
+    let inv = normalize(&mut s, t.spec.softcap);
+    weighted_sum(&s, inv, t.values, t.range(), out);
 }
 
 /// [`head_attention_body`] with the AVX-512 loops, for heads of `16 * C` values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,avx512f,avx512dq")]
-fn head_attention_avx512<const C: usize>(
-    qh: &[f32],
-    k: &[f32],
-    v: &[f32],
-    spec: AttnSpec,
-    pos: usize,
-    head: usize,
-    out: &mut [f32],
-) {
-    use crate::attention_avx2::Rows;
+fn head_attention_avx512<const C: usize>(t: Task<'_>, out: &mut [f32]) {
     use crate::attention_avx512::{scores, weighted_sum};
-    let (stride, base, keys) = head_layout(spec, pos, head);
-    let mut s = Vec::with_capacity(keys.end() + 1 - keys.start());
-    let rows = |data| Rows { data, stride, base };
-    scores::<C>(qh, rows(k), keys.clone(), spec.scale, &mut s);
-    let inv = normalize(&mut s, spec.softcap);
-    weighted_sum::<C>(&s, inv, rows(v), keys, out);
-}
-
-/// The key/value row stride, the offset of the head's values in a row, and the keys the
-/// query at `pos` sees.
-fn head_layout(
-    spec: AttnSpec,
-    pos: usize,
-    head: usize,
-) -> (usize, usize, std::ops::RangeInclusive<usize>) {
-    let hd = spec.head_dim;
-    let kv_head = head / (spec.n_heads / spec.n_kv_heads);
-    let start = spec.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-    (spec.n_kv_heads * hd, kv_head * hd, start..=pos)
+    let mut s = t.score_buffer();
+    scores::<C>(t.q, t.keys, t.range(), t.spec.scale, &mut s);
+    let inv = normalize(&mut s, t.spec.softcap);
+    weighted_sum::<C>(&s, inv, t.values, t.range(), out);
 }
 
 /// Turns raw scores into unnormalised softmax weights (soft-capped first when `softcap`)
@@ -244,29 +254,19 @@ fn normalize(scores: &mut [f32], softcap: Option<f32>) -> f32 {
 }
 
 #[inline(always)]
-fn head_attention_body(
-    qh: &[f32],
-    k: &[f32],
-    v: &[f32],
-    spec: AttnSpec,
-    pos: usize,
-    head: usize,
-    out: &mut [f32],
-) {
-    let hd = spec.head_dim;
-    let (stride, base, keys) = head_layout(spec, pos, head);
+fn head_attention_body(t: Task<'_>, out: &mut [f32]) {
+    let hd = t.spec.head_dim;
     // A plain loop rather than an iterator chain, so that `dot` is compiled inside this
     // function (and with its target features).
-    let mut scores = Vec::with_capacity(keys.end() + 1 - keys.start());
-    for j in keys.clone() {
-        scores.push(dot(qh, &k[j * stride + base..][..hd]) * spec.scale);
+    let mut scores = t.score_buffer();
+    for j in t.range() {
+        scores.push(dot(t.q, t.keys.row(j, hd)) * t.spec.scale);
     }
-    let inv = normalize(&mut scores, spec.softcap);
+    let inv = normalize(&mut scores, t.spec.softcap);
     out.fill(0.0);
-    for (j, s) in keys.zip(&scores) {
+    for (j, s) in t.range().zip(&scores) {
         let p = s * inv;
-        let vj = &v[j * stride + base..][..hd];
-        for (o, x) in out.iter_mut().zip(vj) {
+        for (o, x) in out.iter_mut().zip(t.values.row(j, hd)) {
             *o += p * x;
         }
     }
@@ -348,8 +348,8 @@ mod tests {
                         for head in 0..n_heads {
                             let qh = &q[head * hd..][..hd];
                             let (mut fast, mut plain) = (vec![0f32; hd], vec![f32::NAN; hd]);
-                            head_attention(qh, &k, &v, spec, pos, head, &mut fast);
-                            head_attention_body(qh, &k, &v, spec, pos, head, &mut plain);
+                            head_attention(Task::new(qh, &k, &v, spec, pos, head), &mut fast);
+                            head_attention_body(Task::new(qh, &k, &v, spec, pos, head), &mut plain);
                             assert_eq!(bits(&fast), bits(&plain), "hd {hd} pos {pos} head {head}");
                         }
                     }
@@ -386,8 +386,10 @@ mod tests {
                     let qh = &q[head * hd..][..hd];
                     let (mut fast, mut plain) = (vec![0f32; hd], vec![f32::NAN; hd]);
                     // SAFETY: AVX2 was just detected.
-                    unsafe { head_attention_avx2(qh, &k, &v, spec, pos, head, &mut fast) };
-                    head_attention_body(qh, &k, &v, spec, pos, head, &mut plain);
+                    unsafe {
+                        head_attention_avx2(Task::new(qh, &k, &v, spec, pos, head), &mut fast)
+                    };
+                    head_attention_body(Task::new(qh, &k, &v, spec, pos, head), &mut plain);
                     assert_eq!(bits(&fast), bits(&plain), "hd {hd} pos {pos} head {head}");
                 }
             }
@@ -419,7 +421,7 @@ mod tests {
                 for (i, (qh, got)) in q.chunks(hd).zip(block.chunks(hd)).enumerate() {
                     let (row, head) = (i / n_heads, i % n_heads);
                     let mut plain = vec![f32::NAN; hd];
-                    head_attention_body(qh, &k, &v, spec, pos0 + row, head, &mut plain);
+                    head_attention_body(Task::new(qh, &k, &v, spec, pos0 + row, head), &mut plain);
                     assert_eq!(bits(got), bits(&plain), "hd {hd} row {row} head {head}");
                 }
             }

@@ -9,26 +9,13 @@
 use std::arch::x86_64::*;
 use std::ops::RangeInclusive;
 
+use crate::attention::Rows;
+
 /// Keys per tile of the scores loop.
 const KEYS: usize = 8;
 
 /// Output values per pass of the weighted sum (eight registers).
 const SLICE: usize = 64;
-
-/// Where a head's keys or values lie: key `j` is `data[j * stride + base..]`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Rows<'a> {
-    pub(crate) data: &'a [f32],
-    pub(crate) stride: usize,
-    pub(crate) base: usize,
-}
-
-impl Rows<'_> {
-    /// Pointer to key `j`, checking that its `len` values are in bounds.
-    pub(crate) fn at(&self, j: usize, len: usize) -> *const f32 {
-        self.data[j * self.stride + self.base..][..len].as_ptr()
-    }
-}
 
 /// Whether these loops take heads of `hd` values on this CPU.
 pub(crate) fn takes(hd: usize) -> bool {

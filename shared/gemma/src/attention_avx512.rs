@@ -15,7 +15,8 @@
 use std::arch::x86_64::*;
 use std::ops::RangeInclusive;
 
-use crate::attention_avx2::{lanes_sum, Rows};
+use crate::attention::Rows;
+use crate::attention_avx2::lanes_sum;
 
 /// Key pairs per tile of the scores loop.
 const PAIRS: usize = 8;
