@@ -7,11 +7,18 @@ mod common;
 use std::sync::OnceLock;
 
 use common::*;
-use tandem_gemma::{Gemma3, LogitsMode};
+use tandem_gemma::{Gemma3, LoadOptions, LogitsMode, Precision};
 
 fn model() -> &'static Gemma3 {
     static M: OnceLock<Gemma3> = OnceLock::new();
     M.get_or_init(|| Gemma3::load(&real_gguf()).expect("load the real GGUF"))
+}
+
+fn int8_model() -> Gemma3 {
+    let opts = LoadOptions {
+        precision: Precision::Int8,
+    };
+    Gemma3::load_with(&real_gguf(), &opts).expect("load the real GGUF, int8")
 }
 
 fn tandem_tokenizer_ids(text: &str) -> Vec<u32> {
@@ -55,7 +62,17 @@ fn rollback_is_exact_across_the_sliding_window() {
 /// 300 positions crossing the 512-token sliding window.
 #[test]
 fn block_forward_equals_single_steps_bitwise() {
-    let m = model();
+    assert_blocks_equal_single_steps(model());
+}
+
+/// The same for the int8 precision (8-bit activations; on a CPU with AMX, the tile kernels
+/// for the Q5_0 and Q8_0 weights).
+#[test]
+fn int8_block_forward_equals_single_steps_bitwise() {
+    assert_blocks_equal_single_steps(&int8_model());
+}
+
+fn assert_blocks_equal_single_steps(m: &Gemma3) {
     let (start, end) = (300, 600);
     let ids = context(end);
     let mut base = m.new_cache(end);

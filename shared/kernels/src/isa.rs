@@ -14,12 +14,20 @@ pub enum Isa {
     /// several activation rows.
     /// Bit-identical to [`Isa::Avx2`], only faster.
     AvxVnni,
+    /// [`Isa::AvxVnni`] plus AVX-512 and Intel AMX-INT8 tiles for Q4_0,
+    /// Q5_0 and Q8_0 weights with 8-bit activations: one tile instruction
+    /// forms the exact block dots of 16 weight rows and up to 16 activation
+    /// rows, then each block is scaled and added in the order of
+    /// [`Isa::Scalar`], so for those types it is bit-identical to
+    /// [`Isa::Scalar`]. Every other product runs the [`Isa::AvxVnni`] code
+    /// and is bit-identical to it.
+    Amx,
 }
 
 impl Isa {
     /// The fastest implementation this CPU supports.
     pub fn detect() -> Isa {
-        [Isa::AvxVnni, Isa::Avx2]
+        [Isa::Amx, Isa::AvxVnni, Isa::Avx2]
             .into_iter()
             .find(|isa| isa.is_available())
             .unwrap_or(Isa::Scalar)
@@ -31,6 +39,7 @@ impl Isa {
             Isa::Scalar => true,
             Isa::Avx2 => avx2_available(),
             Isa::AvxVnni => avx2_available() && avx_vnni_available(),
+            Isa::Amx => Isa::AvxVnni.is_available() && amx_available(),
         }
     }
 }
@@ -54,5 +63,15 @@ fn avx_vnni_available() -> bool {
 
 #[cfg(not(target_arch = "x86_64"))]
 fn avx_vnni_available() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+fn amx_available() -> bool {
+    crate::amx::available()
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn amx_available() -> bool {
     false
 }

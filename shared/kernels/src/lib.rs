@@ -48,7 +48,12 @@
 //! count. This is what makes speculative decoding with a batched verifier
 //! lossless. [`Isa::Avx2`] and [`Isa::AvxVnni`] are bit-identical to each
 //! other; the portable [`Isa::Scalar`] path is invariant too but sums in a
-//! different order, so it agrees with them only to rounding.
+//! different order, so it agrees with them only to rounding. [`Isa::Amx`]
+//! computes the 8-bit Q4_0 / Q5_0 / Q8_0 products with the portable path's
+//! arithmetic (one scalar accumulator per output, per block
+//! `acc + (dw·dx)·dot`), vectorized across outputs, so for those it is
+//! bit-identical to [`Isa::Scalar`]; everything else it runs as
+//! [`Isa::AvxVnni`].
 //!
 //! # Exact mode
 //!
@@ -79,11 +84,14 @@
 //!
 //! # Instruction sets
 //!
-//! [`Isa::detect`] picks AVX2 (with FMA and F16C, plus AVX-VNNI when present)
-//! at runtime and otherwise the portable path. [`QMatrix::matmul_with`]
-//! forces a particular one.
+//! [`Isa::detect`] picks AVX2 (with FMA and F16C, plus AVX-VNNI when present,
+//! plus Intel AMX-INT8 tiles where the CPU has them and Linux grants the
+//! process their state) at runtime and otherwise the portable path.
+//! [`QMatrix::matmul_with`] forces a particular one.
 
 mod aligned;
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod dequant;
 #[cfg(target_arch = "x86_64")]
 mod dequant_avx2;
@@ -103,6 +111,8 @@ mod panel_avx2;
 #[cfg(target_arch = "x86_64")]
 mod panel_avx512;
 mod q8;
+#[cfg(target_arch = "x86_64")]
+mod q8_amx;
 #[cfg(target_arch = "x86_64")]
 mod q8_avx512;
 #[cfg(target_arch = "x86_64")]

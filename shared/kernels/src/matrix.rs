@@ -45,6 +45,9 @@ enum Acts<'a> {
     /// the rows already paired for the AVX-512 panel kernel when it runs.
     F32(&'a [f32], Option<Paired>),
     Q8_0(Q8_0Acts),
+    /// Q8_0 activations packed for the AMX tiles.
+    #[cfg(target_arch = "x86_64")]
+    Q8_0Tiles(crate::q8_amx::Packed),
     Q8K(Q8KActs),
 }
 
@@ -123,9 +126,7 @@ impl QMatrix {
         let k = self.k;
         let acts = match self.qtype {
             QType::F32 | QType::F16 => Acts::F32(x, None),
-            QType::Q4_0 | QType::Q5_0 | QType::Q8_0 => {
-                Acts::Q8_0(Q8_0Acts::quantize(x, m, k, isa == Isa::AvxVnni))
-            }
+            QType::Q4_0 | QType::Q5_0 | QType::Q8_0 => q8_0_acts(isa, x, m, k),
             QType::Q4_K | QType::Q5_K | QType::Q6_K | QType::Q8_K => {
                 Acts::Q8K(Q8KActs::quantize(x, m, k))
             }
@@ -147,7 +148,7 @@ impl QMatrix {
     }
 
     /// [`QMatrix::matmul_exact`] on a chosen implementation
-    /// ([`Isa::AvxVnni`] runs the [`Isa::Avx2`] code).
+    /// ([`Isa::AvxVnni`] and [`Isa::Amx`] run the [`Isa::Avx2`] code).
     pub fn matmul_exact_with(
         &self,
         isa: Isa,
@@ -218,13 +219,15 @@ impl QMatrix {
         if isa != Isa::Scalar {
             // SAFETY: `matmul_with` checked `isa.is_available()`: AVX2, FMA
             // and F16C were detected at runtime, and AVX-VNNI too for
-            // `Isa::AvxVnni`; the AVX-512 kernels run only where their own
+            // `Isa::AvxVnni` and `Isa::Amx`, and AMX with its permission for
+            // `Isa::Amx`; the AVX-512 kernels run only where their own
             // detection (`available`, `handles`) succeeded.
             unsafe {
                 match acts {
                     Acts::F32(x, paired) => {
                         crate::exact_avx2::rows_avx2(q, w, k, x, paired.as_ref(), outs)
                     }
+                    Acts::Q8_0Tiles(a) => crate::q8_amx::rows(q, w, k, a, outs),
                     Acts::Q8_0(a) if isa == Isa::AvxVnni => {
                         if outs.len() >= 2 && crate::q8_avx512::available() {
                             crate::q8_avx512::rows(q, w, k, a, outs)
@@ -233,7 +236,7 @@ impl QMatrix {
                         }
                     }
                     Acts::Q8_0(a) => crate::q8_x86::rows_avx2(q, w, k, a, outs),
-                    Acts::Q8K(a) if isa == Isa::AvxVnni => {
+                    Acts::Q8K(a) if matches!(isa, Isa::AvxVnni | Isa::Amx) => {
                         if outs.len() >= 2 && crate::kquants_avx512::handles(q) {
                             crate::kquants_avx512::rows(q, w, k, a, outs)
                         } else {
@@ -249,6 +252,8 @@ impl QMatrix {
         match acts {
             Acts::F32(x, _) => float::rows_scalar(q, w, k, x, outs),
             Acts::Q8_0(a) => q8::rows_scalar(q, w, k, a, outs),
+            #[cfg(target_arch = "x86_64")]
+            Acts::Q8_0Tiles(a) => q8::rows_scalar(q, w, k, a.acts(), outs),
             Acts::Q8K(a) => kquants::rows_scalar(q, w, k, a, outs),
         }
     }
@@ -291,6 +296,17 @@ impl QMatrix {
         }
         out
     }
+}
+
+/// Q8_0 activations as the kernels of `isa` take them: with the `+128`
+/// offset for AVX-VNNI, packed into tiles for AMX.
+fn q8_0_acts<'a>(isa: Isa, x: &[f32], m: usize, k: usize) -> Acts<'a> {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Amx {
+        let acts = Q8_0Acts::quantize(x, m, k, false);
+        return Acts::Q8_0Tiles(crate::q8_amx::Packed::new(acts, m, k));
+    }
+    Acts::Q8_0(Q8_0Acts::quantize(x, m, k, isa == Isa::AvxVnni))
 }
 
 fn check_len(

@@ -32,7 +32,7 @@ impl Rng {
 
 /// The instruction sets this machine can run.
 pub fn isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2, Isa::AvxVnni]
+    [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Amx]
         .into_iter()
         .filter(|i| i.is_available())
         .collect()

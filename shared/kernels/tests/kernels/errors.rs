@@ -114,7 +114,7 @@ fn bad_call_sizes_are_errors() {
             actual: 63
         })
     );
-    for isa in [Isa::Avx2, Isa::AvxVnni]
+    for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Amx]
         .into_iter()
         .filter(|i| !i.is_available())
     {

@@ -96,6 +96,30 @@ proptest! {
             prop_assert!(diff.is_none(), "{} {:?} m={} n={} k={}: {:?}", name, qtype, m, n, k, diff);
         }
     }
+
+    #[test]
+    fn amx_is_bit_identical_to_its_reference(seed in any::<u64>()) {
+        if !Isa::Amx.is_available() {
+            return Ok(());
+        }
+        let mut rng = Rng::new(seed);
+        let qtype = QType::ALL[rng.below(QType::ALL.len())];
+        let m = 1 + rng.below(40);
+        let n = 1 + rng.below(70);
+        let k = random_k(qtype, 4, &mut rng);
+        let w = random_matrix(qtype, n, k, &mut rng);
+        let x = random_acts(m, k, &mut rng);
+        for (name, product) in PRODUCTS {
+            // The tiles serve 8-bit products of the Q8_0-activation types;
+            // everything else is the AVX-VNNI code.
+            let tiled = name == "matmul" && matches!(qtype, QType::Q4_0 | QType::Q5_0 | QType::Q8_0);
+            let reference = if tiled { Isa::Scalar } else { Isa::AvxVnni };
+            let expected = bits(&product(&w, reference, &x, m));
+            let amx = bits(&product(&w, Isa::Amx, &x, m));
+            let diff = first_difference(&expected, &amx);
+            prop_assert!(diff.is_none(), "{} {:?} m={} n={} k={}: {:?}", name, qtype, m, n, k, diff);
+        }
+    }
 }
 
 #[test]
