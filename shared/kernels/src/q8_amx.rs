@@ -448,13 +448,54 @@ fn group<const T: u8>(
             }
         }
     }
-    let mut sums = [0f32; TILE];
-    for (n, acc) in acc.iter().enumerate().take(weights.len) {
-        // SAFETY: `sums` holds 16 lanes.
-        unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), *acc) };
-        for (c, &s) in sums[..len].iter().enumerate() {
-            outs[r0 + c][weights.j0 + n] = s;
+    // SAFETY: this function has the features.
+    let rows = unsafe { transpose(acc) };
+    let (j0, wlen) = (weights.j0, weights.len);
+    let keep: __mmask16 = (1u32 << wlen).wrapping_sub(1) as u16;
+    for (c, row) in rows.iter().enumerate().take(len) {
+        let out = &mut outs[r0 + c][j0..j0 + wlen];
+        // SAFETY: the mask writes the `wlen` values of `out`.
+        unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr(), keep, *row) };
+    }
+}
+
+/// The 16 × 16 transpose of `v` (`out[j]` lane `i` = `v[i]` lane `j`):
+/// per weight row registers become per activation row registers, so
+/// results leave in one store per activation row.
+///
+/// # Safety
+/// AVX-512 F must be available.
+#[inline(always)]
+unsafe fn transpose(v: [__m512; TILE]) -> [__m512; TILE] {
+    // SAFETY: the caller guarantees the features.
+    unsafe {
+        let mut a = [_mm512_setzero_pd(); TILE];
+        for k in 0..TILE / 2 {
+            let (x, y) = (v[2 * k], v[2 * k + 1]);
+            a[2 * k] = _mm512_castps_pd(_mm512_unpacklo_ps(x, y));
+            a[2 * k + 1] = _mm512_castps_pd(_mm512_unpackhi_ps(x, y));
         }
+        // b[4k + e], 128-bit lane l: rows 4k..4k + 4 of column 4l + e.
+        let mut b = [_mm512_setzero_ps(); TILE];
+        for k in 0..TILE / 4 {
+            for h in 0..2 {
+                let (x, y) = (a[4 * k + h], a[4 * k + 2 + h]);
+                b[4 * k + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
+                b[4 * k + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
+            }
+        }
+        let mut out = [_mm512_setzero_ps(); TILE];
+        for e in 0..4 {
+            let c0 = _mm512_shuffle_f32x4::<0x44>(b[e], b[4 + e]);
+            let c1 = _mm512_shuffle_f32x4::<0xEE>(b[e], b[4 + e]);
+            let c2 = _mm512_shuffle_f32x4::<0x44>(b[8 + e], b[12 + e]);
+            let c3 = _mm512_shuffle_f32x4::<0xEE>(b[8 + e], b[12 + e]);
+            out[e] = _mm512_shuffle_f32x4::<0x88>(c0, c2);
+            out[4 + e] = _mm512_shuffle_f32x4::<0xDD>(c0, c2);
+            out[8 + e] = _mm512_shuffle_f32x4::<0x88>(c1, c3);
+            out[12 + e] = _mm512_shuffle_f32x4::<0xDD>(c1, c3);
+        }
+        out
     }
 }
 
