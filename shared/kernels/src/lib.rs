@@ -92,6 +92,8 @@
 mod aligned;
 #[cfg(target_arch = "x86_64")]
 mod amx;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod dequant;
 #[cfg(target_arch = "x86_64")]
 mod dequant_avx2;
