@@ -8,10 +8,12 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 with FMA and F16C, detected at runtime.
     Avx2,
-    /// [`Isa::Avx2`] plus AVX-VNNI (`dpbusd` / `dpwssd`) for the exact
-    /// integer block dots of the quantized types, and with AVX-512 VNNI,
-    /// 512-bit registers holding two (row, output) pairs when there are
-    /// several activation rows.
+    /// [`Isa::Avx2`] plus VNNI (`dpbusd` / `dpwssd`) for the exact integer
+    /// block dots of the quantized types: AVX-VNNI, or AVX-512 VNNI with
+    /// AVX-512VL (the same 256-bit instructions, EVEX-encoded: Intel Ice
+    /// Lake / Cascade Lake, AMD Zen 4), and with AVX-512 VNNI, 512-bit
+    /// registers holding two (row, output) pairs when there are several
+    /// activation rows.
     /// Bit-identical to [`Isa::Avx2`], only faster.
     AvxVnni,
     /// [`Isa::AvxVnni`] plus AVX-512 and Intel AMX-INT8 tiles for Q4_0,
@@ -38,7 +40,7 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             Isa::Avx2 => avx2_available(),
-            Isa::AvxVnni => avx2_available() && avx_vnni_available(),
+            Isa::AvxVnni => avx2_available() && (vex_vnni() || evex_vnni()),
             Isa::Amx => Isa::AvxVnni.is_available() && amx_available(),
         }
     }
@@ -56,13 +58,29 @@ fn avx2_available() -> bool {
     false
 }
 
+/// Whether the CPU has AVX-VNNI: the VEX-encoded 256-bit `dpbusd` / `dpwssd`.
 #[cfg(target_arch = "x86_64")]
-fn avx_vnni_available() -> bool {
+pub(crate) fn vex_vnni() -> bool {
     std::arch::is_x86_feature_detected!("avxvnni")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn avx_vnni_available() -> bool {
+pub(crate) fn vex_vnni() -> bool {
+    false
+}
+
+/// Whether the CPU has AVX-512 VNNI with the 128/256-bit forms (AVX-512VL),
+/// and AVX-512F/BW: the EVEX-encoded `dpbusd` / `dpwssd`, 256- and 512-bit.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn evex_vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn evex_vnni() -> bool {
     false
 }
 

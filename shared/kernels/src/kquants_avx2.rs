@@ -11,9 +11,10 @@
 //! Q6_K: `acc = fma(d·dx, sumi − summ, acc)`; Q8_K: `acc = fma(d·dx, sumi, acc)`,
 //! each on 8 lanes, followed by one fixed horizontal sum.
 //!
-//! Two instantiations differ only in how `madd` and the running `add` are
-//! done: two AVX2 instructions or one AVX-VNNI `dpwssd`. The integer sums
-//! are exact either way, so the two are bit-identical.
+//! Three instantiations differ only in how `madd` and the running `add` are
+//! done: two AVX2 instructions or one `dpwssd`, VEX-encoded (AVX-VNNI) or
+//! EVEX-encoded (AVX-512 VNNI). The integer sums are exact either way, so
+//! the three are bit-identical.
 
 use std::arch::x86_64::*;
 
@@ -183,6 +184,13 @@ fn madd_acc_vnni(sumi: __m256i, pairs: __m256i, scales: __m256i) -> __m256i {
     _mm256_dpwssd_avx_epi32(sumi, pairs, scales)
 }
 
+/// `sumi + madd(pairs, scales)` with one EVEX-encoded (AVX-512 VNNI) `dpwssd`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn madd_acc_evex(sumi: __m256i, pairs: __m256i, scales: __m256i) -> __m256i {
+    _mm256_dpwssd_epi32(sumi, pairs, scales)
+}
+
 /// Defines a kernel entry point `$name` compiled for `$features` that
 /// accumulates scaled pairs with `$madd_acc`.
 macro_rules! kquant_kernel {
@@ -317,4 +325,12 @@ kquant_kernel!(
     rows_vnni,
     "avx2,fma,f16c,avxvnni",
     madd_acc_vnni
+);
+
+kquant_kernel!(
+    /// AVX-512 VNNI path of [`crate::kquants::rows_scalar`] for CPUs without
+    /// AVX-VNNI, bit-identical to [`rows_avx2`].
+    rows_vnni_evex,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    madd_acc_evex
 );

@@ -25,8 +25,7 @@ use crate::tile::{dispatch_group, groups, MAX_GROUP};
 /// Chunks of 32 codes per super-block.
 const CHUNKS: usize = QK_K / 32;
 
-/// Whether [`rows`] handles `qtype` on this CPU (besides AVX2, FMA, F16C,
-/// AVX-VNNI).
+/// Whether [`rows`] handles `qtype` on this CPU (besides AVX2, FMA, F16C).
 pub(crate) fn handles(qtype: QType) -> bool {
     matches!(qtype, QType::Q4_K | QType::Q5_K | QType::Q6_K) && crate::q8_avx512::available()
 }
@@ -152,7 +151,7 @@ fn codes<const T: u8>(blk: &[u8]) -> [__m512i; CHUNKS] {
 ///
 /// # Safety
 /// [`handles`]`(qtype)` and AVX2, FMA, F16C must hold.
-#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) fn rows(qtype: QType, w: &[u8], k: usize, acts: &Q8KActs, outs: &mut [&mut [f32]]) {
     match qtype {
         QType::Q4_K => rows_of::<Q4_K>(w, k, acts, outs),
@@ -163,7 +162,7 @@ pub(crate) fn rows(qtype: QType, w: &[u8], k: usize, acts: &Q8KActs, outs: &mut 
 
 /// [`rows`] for type `T`: activation rows in groups of up to [`MAX_GROUP`],
 /// each group visiting a weight row before the next.
-#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn rows_of<const T: u8>(w: &[u8], k: usize, acts: &Q8KActs, outs: &mut [&mut [f32]]) {
     assert!(
         outs.len() >= 2,
@@ -195,7 +194,7 @@ fn rows_of<const T: u8>(w: &[u8], k: usize, acts: &Q8KActs, outs: &mut [&mut [f3
 /// against the scale pairs (see [`pair_shuffle`]) adds
 /// `s_c·t_c + s_{c+1}·t_{c+1}`: the lane sums of the 256-bit kernel.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn group<const T: u8, const P: usize>(wrow: &[u8], g: &Group, j: usize, outs: &mut [&mut [f32]]) {
     let bb = qtype_of::<T>().block_bytes();
     let zero = _mm512_setzero_si512();

@@ -84,9 +84,10 @@
 //!
 //! # Instruction sets
 //!
-//! [`Isa::detect`] picks AVX2 (with FMA and F16C, plus AVX-VNNI when present,
-//! plus Intel AMX-INT8 tiles where the CPU has them and Linux grants the
-//! process their state) at runtime and otherwise the portable path.
+//! [`Isa::detect`] picks AVX2 (with FMA and F16C, plus AVX-VNNI or AVX-512
+//! VNNI when present, plus Intel AMX-INT8 tiles where the CPU has them and
+//! Linux grants the process their state) at runtime and otherwise the
+//! portable path.
 //! [`QMatrix::matmul_with`] forces a particular one.
 
 mod aligned;

@@ -218,7 +218,8 @@ impl QMatrix {
         #[cfg(target_arch = "x86_64")]
         if isa != Isa::Scalar {
             // SAFETY: `matmul_with` checked `isa.is_available()`: AVX2, FMA
-            // and F16C were detected at runtime, and AVX-VNNI too for
+            // and F16C were detected at runtime, and AVX-VNNI or AVX-512 VNNI
+            // (the kernel matching the one detected runs) for
             // `Isa::AvxVnni` and `Isa::Amx`, and AMX with its permission for
             // `Isa::Amx`; the AVX-512 kernels run only where their own
             // detection (`available`, `handles`) succeeded.
@@ -231,16 +232,20 @@ impl QMatrix {
                     Acts::Q8_0(a) if isa == Isa::AvxVnni => {
                         if outs.len() >= 2 && crate::q8_avx512::available() {
                             crate::q8_avx512::rows(q, w, k, a, outs)
-                        } else {
+                        } else if crate::isa::vex_vnni() {
                             crate::q8_x86::rows_vnni(q, w, k, a, outs)
+                        } else {
+                            crate::q8_x86::rows_vnni_evex(q, w, k, a, outs)
                         }
                     }
                     Acts::Q8_0(a) => crate::q8_x86::rows_avx2(q, w, k, a, outs),
                     Acts::Q8K(a) if matches!(isa, Isa::AvxVnni | Isa::Amx) => {
                         if outs.len() >= 2 && crate::kquants_avx512::handles(q) {
                             crate::kquants_avx512::rows(q, w, k, a, outs)
-                        } else {
+                        } else if crate::isa::vex_vnni() {
                             crate::kquants_avx2::rows_vnni(q, w, k, a, outs)
+                        } else {
+                            crate::kquants_avx2::rows_vnni_evex(q, w, k, a, outs)
                         }
                     }
                     Acts::Q8K(a) => crate::kquants_avx2::rows_avx2(q, w, k, a, outs),
@@ -299,7 +304,7 @@ impl QMatrix {
 }
 
 /// Q8_0 activations as the kernels of `isa` take them: with the `+128`
-/// offset for AVX-VNNI, packed into tiles for AMX.
+/// offset for VNNI, packed into tiles for AMX.
 fn q8_0_acts<'a>(isa: Isa, x: &[f32], m: usize, k: usize) -> Acts<'a> {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Amx {

@@ -24,12 +24,9 @@ use crate::tile::{dispatch_group, groups, MAX_GROUP};
 
 use crate::q8_x86::{unpack, Q4_0, Q5_0, Q8_0};
 
-/// Whether this CPU can run [`rows`] (besides AVX2, FMA, F16C, AVX-VNNI).
+/// Whether this CPU can run [`rows`] (besides AVX2, FMA, F16C).
 pub(crate) fn available() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512vl")
-        && std::arch::is_x86_feature_detected!("avx512vnni")
+    crate::isa::evex_vnni()
 }
 
 /// `[a; 8]` in the low half and `[b; 8]` in the high half, from `ab = [a, b]`.
@@ -47,7 +44,7 @@ pub(crate) fn split_splat(ab: &[f32]) -> __m512 {
 ///
 /// # Safety
 /// [`available`] and AVX2, FMA, F16C must hold.
-#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) fn rows(qtype: QType, w: &[u8], k: usize, acts: &Q8_0Acts, outs: &mut [&mut [f32]]) {
     match qtype {
         QType::Q4_0 => rows_of::<Q4_0>(w, k, acts, outs),
@@ -58,7 +55,7 @@ pub(crate) fn rows(qtype: QType, w: &[u8], k: usize, acts: &Q8_0Acts, outs: &mut
 
 /// [`rows`] for block type `T`: weight rows two at a time, each pair against
 /// every group of up to [`MAX_GROUP`] activation rows before the next pair.
-#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn rows_of<const T: u8>(w: &[u8], k: usize, acts: &Q8_0Acts, outs: &mut [&mut [f32]]) {
     let rb = k / QK8_0 * block_bytes::<T>();
     let n = w.len() / rb;
@@ -82,7 +79,7 @@ fn rows_of<const T: u8>(w: &[u8], k: usize, acts: &Q8_0Acts, outs: &mut [&mut [f
 /// Weight rows `j` and `j + 1` (`wrows[1]` empty when there is no row
 /// `j + 1`) against activation rows `r0..r0 + R`.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn row_pair<const T: u8, const R: usize>(
     wrows: [&[u8]; 2],
     acts: &Q8_0Acts,

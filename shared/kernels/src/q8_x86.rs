@@ -1,10 +1,11 @@
 //! AVX2 kernels for Q4_0, Q5_0 and Q8_0 weights against Q8_0 activations.
 //!
-//! Two instantiations of one kernel differ only in how the exact integer dot
-//! of a 32-byte block pair is formed (see [`crate::simd`]): AVX2's
-//! `maddubs`/`madd` sign trick, or a single AVX-VNNI `dpbusd`. Both produce
-//! the same eight `i32` lane sums (four consecutive products each), and the
-//! f32 steps are shared, so the two are bit-identical.
+//! Three instantiations of one kernel differ only in how the exact integer
+//! dot of a 32-byte block pair is formed (see [`crate::simd`]): AVX2's
+//! `maddubs`/`madd` sign trick, or a single `dpbusd`, VEX-encoded (AVX-VNNI)
+//! or EVEX-encoded (AVX-512 VNNI). All produce the same eight `i32` lane
+//! sums (four consecutive products each), and the f32 steps are shared, so
+//! the three are bit-identical.
 
 use std::arch::x86_64::*;
 
@@ -166,4 +167,13 @@ q8_kernel!(
     "avx2,fma,f16c,avxvnni",
     crate::simd::vnni_offset,
     crate::simd::vnni_dot_i8x32
+);
+
+q8_kernel!(
+    /// AVX-512 VNNI path of [`crate::q8::rows_scalar`] for CPUs without
+    /// AVX-VNNI, bit-identical to [`rows_avx2`].
+    rows_vnni_evex,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    crate::simd::evex_offset,
+    crate::simd::evex_dot_i8x32
 );

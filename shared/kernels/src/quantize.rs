@@ -76,7 +76,7 @@ fn q8_k_block(xb: &[f32], qb: &mut [i8], sb: &mut [i16], vector: bool) -> f32 {
 /// Activations quantized to Q8_0: per block of 32, `x ≈ d * q`.
 pub(crate) struct Q8_0Acts {
     /// Codes `q`, or the bytes of `q + 128` when quantized with `offset`
-    /// (for AVX-VNNI's unsigned operand), `[block][row][32]`.
+    /// (for VNNI's unsigned operand), `[block][row][32]`.
     qs: Vec<i8>,
     /// Scales (f16-rounded, as ggml stores them), `[block][row]`.
     d: Vec<f32>,

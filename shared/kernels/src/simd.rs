@@ -181,6 +181,22 @@ pub(crate) fn vnni_dot_i8x32(offset: __m256i, w: __m256i, x_plus_128: __m256i) -
     _mm256_dpbusd_avx_epi32(offset, x_plus_128, w)
 }
 
+/// [`vnni_offset`] with the EVEX-encoded `dpbusd` of AVX-512 VNNI.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) fn evex_offset(w: __m256i) -> __m256i {
+    let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), w);
+    _mm256_sub_epi32(_mm256_setzero_si256(), sums)
+}
+
+/// [`vnni_dot_i8x32`] with the EVEX-encoded `dpbusd` of AVX-512 VNNI: the
+/// same instruction and lane sums, for CPUs without AVX-VNNI.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) fn evex_dot_i8x32(offset: __m256i, w: __m256i, x_plus_128: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(offset, x_plus_128, w)
+}
+
 /// Distance, in bytes, at which weight rows are prefetched ahead of use.
 pub(crate) const PREFETCH_AHEAD: usize = 4096;
 

@@ -111,7 +111,7 @@ proptest! {
         let x = random_acts(m, k, &mut rng);
         for (name, product) in PRODUCTS {
             // The tiles serve 8-bit products of the Q8_0-activation types;
-            // everything else is the AVX-VNNI code.
+            // everything else is the `Isa::AvxVnni` code.
             let tiled = name == "matmul" && matches!(qtype, QType::Q4_0 | QType::Q5_0 | QType::Q8_0);
             let reference = if tiled { Isa::Scalar } else { Isa::AvxVnni };
             let expected = bits(&product(&w, reference, &x, m));
