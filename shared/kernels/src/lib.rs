@@ -128,6 +128,8 @@ mod quantize_avx2;
 mod simd;
 mod tile;
 mod vector;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod vnni_encodings_test;
 
 pub use error::KernelError;
 pub use isa::Isa;
