@@ -278,13 +278,7 @@ mod tests {
             }
             let qtype = QType::ALL[t];
             let k = blocks * qtype.block_size();
-            let mut state = seed;
-            let row: Vec<u8> = (0..k / qtype.block_size() * qtype.block_bytes())
-                .map(|_| {
-                    state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                    (state >> 56) as u8
-                })
-                .collect();
+            let row = crate::test_data::random_bytes(k / qtype.block_size() * qtype.block_bytes(), seed);
             let mut want = vec![0f32; k];
             crate::dequant::dequantize_row(qtype, &row, &mut want);
             let mut got = vec![f32::NAN; k];

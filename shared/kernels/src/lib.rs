@@ -126,6 +126,8 @@ mod quantize;
 mod quantize_avx2;
 #[cfg(target_arch = "x86_64")]
 mod simd;
+#[cfg(test)]
+mod test_data;
 mod tile;
 mod vector;
 #[cfg(all(test, target_arch = "x86_64"))]

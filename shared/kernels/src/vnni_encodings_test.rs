@@ -5,24 +5,15 @@
 //! other; these call each directly.
 
 use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
 
 use crate::isa::{evex_vnni, vex_vnni};
 use crate::quantize::{Q8KActs, Q8_0Acts};
+use crate::test_data::random_bytes;
 use crate::{Isa, QType};
 
-/// `len` pseudo-random bytes from `seed` (an LCG; every byte pattern,
-/// non-finite scales included, is a valid block).
-fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed;
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (state >> 56) as u8
-        })
-        .collect()
-}
+/// A 256-bit kernel entry point taking activations `A`.
+type Kernel<A> = unsafe fn(QType, &[u8], usize, &A, &mut [&mut [f32]]);
 
 /// `m` activation rows of `k` values with mixed magnitudes.
 fn random_acts(m: usize, k: usize, seed: u64) -> Vec<f32> {
@@ -33,12 +24,56 @@ fn random_acts(m: usize, k: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Output bits of one kernel call over `m` rows and `n` weight rows.
-fn run(m: usize, n: usize, kernel: impl FnOnce(&mut [&mut [f32]])) -> Vec<u32> {
-    let mut out = vec![f32::NAN; m * n];
-    let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(n).collect();
-    kernel(&mut outs);
-    out.iter().map(|v| v.to_bits()).collect()
+/// `n` random weight rows of `qtype` over `k` inputs, against `m`
+/// activation rows.
+struct Product {
+    qtype: QType,
+    w: Vec<u8>,
+    k: usize,
+    m: usize,
+    n: usize,
+}
+
+impl Product {
+    fn new(qtype: QType, blocks: usize, m: usize, n: usize, seed: u64) -> Product {
+        let w = random_bytes(n * blocks * qtype.block_bytes(), seed);
+        let k = blocks * qtype.block_size();
+        Product { qtype, w, k, m, n }
+    }
+
+    /// Output bits of `kernel` on `acts`.
+    ///
+    /// # Safety
+    /// The instruction sets `kernel` is compiled for must be present.
+    unsafe fn bits<A>(&self, kernel: Kernel<A>, acts: &A) -> Vec<u32> {
+        let mut out = vec![f32::NAN; self.m * self.n];
+        let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(self.n).collect();
+        // SAFETY: the caller vouches for the instruction sets.
+        unsafe { kernel(self.qtype, &self.w, self.k, acts, &mut outs) };
+        out.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Checks the VEX and EVEX kernels `[vex, evex]` that this CPU runs, on
+    /// `acts`, against `want`.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be present.
+    unsafe fn check_vnni<A>(
+        &self,
+        want: &[u32],
+        [vex, evex]: [Kernel<A>; 2],
+        acts: &A,
+    ) -> Result<(), TestCaseError> {
+        for (name, present, kernel) in [("VEX", vex_vnni(), vex), ("EVEX", evex_vnni(), evex)] {
+            if present {
+                // SAFETY: the caller vouches for AVX2, FMA and F16C, and this
+                // kernel's VNNI encoding was just detected.
+                let got = unsafe { self.bits(kernel, acts) };
+                prop_assert_eq!(&got[..], want, "{} {:?}", name, self.qtype);
+            }
+        }
+        Ok(())
+    }
 }
 
 proptest! {
@@ -56,21 +91,13 @@ proptest! {
         if !Isa::Avx2.is_available() {
             return Ok(());
         }
-        let qtype = [QType::Q4_0, QType::Q5_0, QType::Q8_0][t];
-        let k = blocks * qtype.block_size();
-        let w = random_bytes(n * blocks * qtype.block_bytes(), seed);
-        let x = random_acts(m, k, !seed);
-        let (plain, offset) = (Q8_0Acts::quantize(&x, m, k, false), Q8_0Acts::quantize(&x, m, k, true));
-        // SAFETY: AVX2, FMA and F16C were detected above, and each VNNI
-        // kernel runs only where its encoding was detected.
-        let want = run(m, n, |outs| unsafe { crate::q8_x86::rows_avx2(qtype, &w, k, &plain, outs) });
-        if vex_vnni() {
-            let got = run(m, n, |outs| unsafe { crate::q8_x86::rows_vnni(qtype, &w, k, &offset, outs) });
-            prop_assert_eq!(&got, &want, "VEX {:?}", qtype);
-        }
-        if evex_vnni() {
-            let got = run(m, n, |outs| unsafe { crate::q8_x86::rows_vnni_evex(qtype, &w, k, &offset, outs) });
-            prop_assert_eq!(&got, &want, "EVEX {:?}", qtype);
+        let p = Product::new([QType::Q4_0, QType::Q5_0, QType::Q8_0][t], blocks, m, n, seed);
+        let x = random_acts(m, p.k, !seed);
+        let offset = Q8_0Acts::quantize(&x, m, p.k, true);
+        // SAFETY: AVX2, FMA and F16C were detected above.
+        unsafe {
+            let want = p.bits(crate::q8_x86::rows_avx2, &Q8_0Acts::quantize(&x, m, p.k, false));
+            p.check_vnni(&want, [crate::q8_x86::rows_vnni, crate::q8_x86::rows_vnni_evex], &offset)?;
         }
     }
 
@@ -86,19 +113,12 @@ proptest! {
         if !Isa::Avx2.is_available() {
             return Ok(());
         }
-        let qtype = [QType::Q4_K, QType::Q5_K, QType::Q6_K, QType::Q8_K][t];
-        let k = blocks * qtype.block_size();
-        let w = random_bytes(n * blocks * qtype.block_bytes(), seed);
-        let acts = Q8KActs::quantize(&random_acts(m, k, !seed), m, k);
-        // SAFETY: as in the Q8_0 test above.
-        let want = run(m, n, |outs| unsafe { crate::kquants_avx2::rows_avx2(qtype, &w, k, &acts, outs) });
-        if vex_vnni() {
-            let got = run(m, n, |outs| unsafe { crate::kquants_avx2::rows_vnni(qtype, &w, k, &acts, outs) });
-            prop_assert_eq!(&got, &want, "VEX {:?}", qtype);
-        }
-        if evex_vnni() {
-            let got = run(m, n, |outs| unsafe { crate::kquants_avx2::rows_vnni_evex(qtype, &w, k, &acts, outs) });
-            prop_assert_eq!(&got, &want, "EVEX {:?}", qtype);
+        let p = Product::new([QType::Q4_K, QType::Q5_K, QType::Q6_K, QType::Q8_K][t], blocks, m, n, seed);
+        let acts = Q8KActs::quantize(&random_acts(m, p.k, !seed), m, p.k);
+        // SAFETY: AVX2, FMA and F16C were detected above.
+        unsafe {
+            let want = p.bits(crate::kquants_avx2::rows_avx2, &acts);
+            p.check_vnni(&want, [crate::kquants_avx2::rows_vnni, crate::kquants_avx2::rows_vnni_evex], &acts)?;
         }
     }
 }
