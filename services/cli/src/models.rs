@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Once, OnceLock};
 
 use candle_core::{DType, Device};
 use tandem_engine::{Gemma4Target, Target};
@@ -12,6 +12,7 @@ use tandem_gemma::gemma4::Gemma4;
 use tandem_gemma::{
     prepare_device, DeviceGemma3, DeviceOptions, Gemma3, LoadOptions, Precision, TargetHead,
 };
+use tandem_kernels::Isa;
 use tandem_tokenizer::GemmaTokenizer;
 
 /// File name of the default target inside the models folder.
@@ -46,6 +47,11 @@ pub struct ModelArgs {
     /// Weights and activations of a `cuda` target.
     #[arg(long, env = "TANDEM_DTYPE", value_enum, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
+    /// Fastest CPU kernels to use: `portable`, `avx2`, `avx-vnni` or `amx` (default: the
+    /// fastest this CPU has). Capping every replica at `avx-vnni` makes all x86-64 CPUs with
+    /// AVX2 return the same bits.
+    #[arg(long, env = "TANDEM_MAX_CPU_KERNELS")]
+    pub max_cpu_kernels: Option<Isa>,
     /// The CUDA device once opened, so that a target and a drafter of one process share
     /// it (one setup, one cuBLAS handle, one set of loaded kernels).
     #[arg(skip)]
@@ -155,8 +161,21 @@ impl ModelArgs {
         Ok(path)
     }
 
+    /// Applies `--max-cpu-kernels` and returns the CPU kernels that will run (logged once
+    /// per process).
+    pub fn cpu_kernels(&self) -> Result<Isa> {
+        static LOGGED: Once = Once::new();
+        if let Some(max) = self.max_cpu_kernels {
+            Isa::set_max(max)?;
+        }
+        let isa = Isa::detect();
+        LOGGED.call_once(|| tracing::info!(kernels = %isa, "CPU kernels"));
+        Ok(isa)
+    }
+
     /// Loads only the target's embedding and output head (what a drafter needs).
     pub fn load_head(&self) -> Result<TargetHead> {
+        self.cpu_kernels()?;
         let path = self.model_path()?;
         TargetHead::load(&path).with_context(|| format!("loading {}", display(&path)))
     }
@@ -170,6 +189,7 @@ impl ModelArgs {
         let target: Arc<dyn Target> = match (self.device, gemma4) {
             (DeviceArg::Cpu, false) => Arc::new(self.gemma3_at(&path)?),
             (DeviceArg::Cpu, true) => {
+                self.cpu_kernels()?;
                 let model =
                     Gemma4::load(&path).with_context(|| format!("loading {}", display(&path)))?;
                 Arc::new(Gemma4Target::new(Arc::new(model))?)
@@ -203,6 +223,7 @@ impl ModelArgs {
 
     /// The Gemma 3 at the checked `path` on the CPU kernels.
     fn gemma3_at(&self, path: &Path) -> Result<Gemma3> {
+        self.cpu_kernels()?;
         let opts = LoadOptions {
             precision: self.precision.into(),
         };
@@ -241,10 +262,10 @@ impl ModelArgs {
         Ok(self.opened.get_or_init(|| device).clone())
     }
 
-    /// How the target runs, for reports: `cpu exact`, `cuda:0 f32`, ...
+    /// How the target runs, for reports: `cpu exact avx-vnni`, `cuda:0 f32`, ...
     pub fn backend(&self) -> String {
         match self.device {
-            DeviceArg::Cpu => format!("cpu {:?}", self.precision).to_lowercase(),
+            DeviceArg::Cpu => format!("cpu {:?} {}", self.precision, Isa::detect()).to_lowercase(),
             DeviceArg::Cuda(_) => format!("{} {:?}", self.device, self.dtype).to_lowercase(),
         }
     }

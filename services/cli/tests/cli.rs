@@ -47,6 +47,29 @@ fn generate_streams_greedy_text_and_speed() {
 }
 
 #[test]
+fn capped_cpu_kernels_still_generate_and_bad_names_are_refused() {
+    let out = tandem(&[
+        "generate",
+        "--prompt",
+        "1, 2, 3,",
+        "--max-tokens",
+        "12",
+        "--max-cpu-kernels",
+        "portable",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout.clone()).expect("utf-8");
+    assert!(text.starts_with(" 4, 5, 6,"), "{text:?}");
+    let out = tandem(&["generate", "--prompt", "x", "--max-cpu-kernels", "avx512"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("unknown CPU kernels \"avx512\""),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
 fn speculative_generation_reports_acceptance_beside_plain() {
     let out = tandem(&[
         "generate",

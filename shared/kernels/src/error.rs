@@ -68,4 +68,15 @@ pub enum KernelError {
     /// The requested instruction set is not supported by this CPU.
     #[error("instruction set {0:?} is not available on this CPU")]
     IsaUnavailable(Isa),
+    /// A name that is not one of [`Isa::name`]'s.
+    #[error("unknown CPU kernels {0:?}: expected portable, avx2, avx-vnni or amx")]
+    UnknownIsa(String),
+    /// [`Isa::set_max`] with a cap other than the one already set.
+    #[error("the CPU kernels are already capped at {set}, cannot cap them at {wanted}")]
+    IsaCapAlreadySet {
+        /// The cap in force.
+        set: Isa,
+        /// The cap asked for.
+        wanted: Isa,
+    },
 }

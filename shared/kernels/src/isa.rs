@@ -1,8 +1,24 @@
-//! Instruction-set selection.
+//! Instruction-set selection, and a process-wide cap on it.
+//!
+//! Results differ in their last bits between two families of
+//! implementations: [`Isa::Avx2`] and [`Isa::AvxVnni`] are bit-identical to
+//! each other, [`Isa::Scalar`] sums in another order, and [`Isa::Amx`] gives
+//! [`Isa::Scalar`]'s `int8` results for three types and [`Isa::AvxVnni`]'s
+//! for the rest. Replicas on different CPUs can be made to return the same
+//! bits by capping every one of them at the same level ([`Isa::set_max`],
+//! like oneDNN's `ONEDNN_MAX_CPU_ISA`): capped at [`Isa::AvxVnni`], every
+//! x86-64 CPU with AVX2, FMA and F16C computes what [`Isa::Avx2`] computes.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::OnceLock;
+
+use crate::KernelError;
 
 /// A kernel implementation. Each one is batch invariant on its own; results
-/// of different implementations agree closely but not bit for bit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// of different implementations agree closely but not bit for bit. Ordered
+/// from the most portable to the fastest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Isa {
     /// Portable Rust, any target. Bit-identical on every machine.
     Scalar,
@@ -26,13 +42,48 @@ pub enum Isa {
     Amx,
 }
 
+/// The cap set by [`Isa::set_max`].
+static MAX: OnceLock<Isa> = OnceLock::new();
+
 impl Isa {
-    /// The fastest implementation this CPU supports.
+    /// Every implementation, most portable first.
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Amx];
+
+    /// The fastest implementation this CPU supports, at most the cap of
+    /// [`Isa::set_max`] when one was set.
     pub fn detect() -> Isa {
-        [Isa::Amx, Isa::AvxVnni, Isa::Avx2]
+        let max = MAX.get().copied().unwrap_or(Isa::Amx);
+        Isa::ALL
             .into_iter()
-            .find(|isa| isa.is_available())
+            .rev()
+            .find(|&isa| isa <= max && isa.is_available())
             .unwrap_or(Isa::Scalar)
+    }
+
+    /// Caps [`Isa::detect`], and so every matmul that does not name its
+    /// implementation, at `max` for the rest of the process. Set it once,
+    /// before the first matmul; setting the same cap again is a no-op, a
+    /// different one is an error.
+    pub fn set_max(max: Isa) -> Result<(), KernelError> {
+        match *MAX.get_or_init(|| max) {
+            set if set == max => Ok(()),
+            set => Err(KernelError::IsaCapAlreadySet { set, wanted: max }),
+        }
+    }
+
+    /// The cap of [`Isa::set_max`], if one was set.
+    pub fn max() -> Option<Isa> {
+        MAX.get().copied()
+    }
+
+    /// The implementation's name: `portable`, `avx2`, `avx-vnni` or `amx`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avx-vnni",
+            Isa::Amx => "amx",
+        }
     }
 
     /// Whether this CPU can run the implementation.
@@ -43,6 +94,24 @@ impl Isa {
             Isa::AvxVnni => avx2_available() && (vex_vnni() || evex_vnni()),
             Isa::Amx => Isa::AvxVnni.is_available() && amx_available(),
         }
+    }
+}
+
+impl fmt::Display for Isa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Isa {
+    type Err = KernelError;
+
+    /// An implementation by its [`Isa::name`].
+    fn from_str(s: &str) -> Result<Isa, KernelError> {
+        Isa::ALL
+            .into_iter()
+            .find(|isa| isa.name() == s)
+            .ok_or_else(|| KernelError::UnknownIsa(s.to_owned()))
     }
 }
 
@@ -92,4 +161,22 @@ fn amx_available() -> bool {
 #[cfg(not(target_arch = "x86_64"))]
 fn amx_available() -> bool {
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Isa;
+
+    #[test]
+    fn names_round_trip_and_order_runs_from_portable_to_fastest() {
+        for isa in Isa::ALL {
+            assert_eq!(isa.name().parse::<Isa>(), Ok(isa));
+        }
+        assert!(Isa::ALL.windows(2).all(|w| w[0] < w[1]));
+        let err = "avx512".parse::<Isa>().map_err(|e| e.to_string());
+        assert_eq!(
+            err,
+            Err(r#"unknown CPU kernels "avx512": expected portable, avx2, avx-vnni or amx"#.into())
+        );
+    }
 }

@@ -88,7 +88,9 @@
 //! VNNI when present, plus Intel AMX-INT8 tiles where the CPU has them and
 //! Linux grants the process their state) at runtime and otherwise the
 //! portable path.
-//! [`QMatrix::matmul_with`] forces a particular one.
+//! [`QMatrix::matmul_with`] forces a particular one, and [`Isa::set_max`]
+//! caps what [`Isa::detect`] picks for the whole process (so that machines
+//! of different CPUs compute the same bits).
 
 mod aligned;
 #[cfg(target_arch = "x86_64")]
