@@ -47,9 +47,10 @@ pub struct ModelArgs {
     /// Weights and activations of a `cuda` target.
     #[arg(long, env = "TANDEM_DTYPE", value_enum, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
-    /// Fastest CPU kernels to use: `portable`, `avx2`, `avx-vnni` or `amx` (default: the
-    /// fastest this CPU has). Capping every replica at `avx-vnni` makes all x86-64 CPUs with
-    /// AVX2 return the same bits.
+    /// Fastest family of CPU matmul kernels to use: `portable`, `avx2`, `avx-vnni` or `amx`
+    /// (default: the fastest this CPU has). The family decides the last bits of the results;
+    /// capping every replica at `avx-vnni` makes all x86-64 CPUs with AVX2 return the same
+    /// bits.
     #[arg(long, env = "TANDEM_MAX_CPU_KERNELS")]
     pub max_cpu_kernels: Option<Isa>,
     /// The CUDA device once opened, so that a target and a drafter of one process share
