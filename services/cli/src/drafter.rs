@@ -102,8 +102,8 @@ impl DrafterArgs {
     /// drafter scores through `head` (the loaded target's) or, without one, through the
     /// head read from the target file, and runs where `--device` says.
     pub fn load_any(&self, models: &ModelArgs, head: Option<TargetHead>) -> Result<LoadedDrafter> {
-        models.cpu_kernels()?;
         if self.is_assistant()? {
+            models.cpu_kernels()?;
             let (dir, target) = (Path::new(&self.drafter), models.model_path()?);
             let p = AssistantProposer::load(dir, &target, AssistantOptions::default())
                 .with_context(|| format!("loading assistant drafter {}", dir.display()))?;

@@ -33,33 +33,31 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-#[test]
-fn generate_streams_greedy_text_and_speed() {
-    let out = tandem(&["generate", "--prompt", "1, 2, 3,", "--max-tokens", "12"]);
+/// `tandem generate` of 12 tokens after "1, 2, 3," with `extra` flags: it must succeed and
+/// continue the count; returns the run for further checks.
+fn count_on(extra: &[&str]) -> Output {
+    let mut args = vec!["generate", "--prompt", "1, 2, 3,", "--max-tokens", "12"];
+    args.extend_from_slice(extra);
+    let out = tandem(&args);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8(out.stdout.clone()).expect("utf-8");
     assert!(
         text.starts_with(" 4, 5, 6,"),
-        "unexpected continuation {text:?}"
+        "unexpected continuation {text:?} with {extra:?}"
     );
+    out
+}
+
+#[test]
+fn generate_streams_greedy_text_and_speed() {
+    let out = count_on(&[]);
     let err = stderr(&out);
     assert!(err.contains("decode") && err.contains("tok/s"), "{err}");
 }
 
 #[test]
 fn capped_cpu_kernels_still_generate_and_bad_names_are_refused() {
-    let out = tandem(&[
-        "generate",
-        "--prompt",
-        "1, 2, 3,",
-        "--max-tokens",
-        "12",
-        "--max-cpu-kernels",
-        "portable",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let text = String::from_utf8(out.stdout.clone()).expect("utf-8");
-    assert!(text.starts_with(" 4, 5, 6,"), "{text:?}");
+    count_on(&["--max-cpu-kernels", "portable"]);
     // avx2 and avx-vnni are one family: the same int8 tokens whatever this CPU has.
     let int8 = |family: &str| {
         let out = tandem(&[
@@ -88,19 +86,7 @@ fn capped_cpu_kernels_still_generate_and_bad_names_are_refused() {
 
 #[test]
 fn speculative_generation_reports_acceptance_beside_plain() {
-    let out = tandem(&[
-        "generate",
-        "--prompt",
-        "1, 2, 3,",
-        "--max-tokens",
-        "12",
-        "--speculative",
-        "--gamma",
-        "4",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let text = String::from_utf8(out.stdout.clone()).expect("utf-8");
-    assert!(text.starts_with(" 4, 5, 6,"), "{text:?}");
+    let out = count_on(&["--speculative", "--gamma", "4"]);
     let err = stderr(&out);
     assert!(err.contains("mean acceptance length"), "{err}");
     assert!(
