@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
-use tandem_kernels::QMatrix;
+use tandem_kernels::{LaneMatrix, QMatrix};
 
 use crate::attention::{attend, AttnSpec};
 use crate::config::GemmaConfig;
@@ -72,19 +72,36 @@ pub struct ForwardOutput {
     pub last_hidden: Tensor,
 }
 
+/// A layer's weight matrix: in `exact` precision a quantized one is repacked for the
+/// lane kernels (`tandem_kernels::LaneMatrix`: one FMA chain per output, the same bits
+/// on every CPU); `int8` and unquantized weights keep their ggml layout.
+enum Linear {
+    Ggml(QMatrix),
+    Lanes(LaneMatrix),
+}
+
+impl Linear {
+    fn new(w: QMatrix, precision: Precision) -> Result<Self> {
+        Ok(match (precision, w.qtype().block_size()) {
+            (Precision::Exact, 2..) => Linear::Lanes(LaneMatrix::pack(&w)?),
+            _ => Linear::Ggml(w),
+        })
+    }
+}
+
 struct Layer {
     attn_norm: Vec<f32>,
-    q: QMatrix,
-    k: QMatrix,
-    v: QMatrix,
-    o: QMatrix,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
     post_attn_norm: Vec<f32>,
     pre_ffn_norm: Vec<f32>,
-    gate: QMatrix,
-    up: QMatrix,
-    down: QMatrix,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
     post_ffn_norm: Vec<f32>,
     sliding: bool,
 }
@@ -110,15 +127,13 @@ impl Gemma3 {
     /// Loads a `.gguf` file (quantized weights stay quantized) or an HF directory.
     pub fn load_with(path: &Path, opts: &LoadOptions) -> Result<Self> {
         let (src, cfg) = loader::open(path)?;
-        let mut model = Self::build(cfg, src.as_ref())?;
-        model.precision = opts.precision;
-        Ok(model)
+        Self::build(cfg, src.as_ref(), opts.precision)
     }
 
-    fn build(cfg: GemmaConfig, src: &dyn TensorSource) -> Result<Self> {
+    fn build(cfg: GemmaConfig, src: &dyn TensorSource, precision: Precision) -> Result<Self> {
         let mat = |role: Role| {
             let shape = role.shape(&cfg);
-            src.matrix(role, shape[0], shape[1])
+            Linear::new(src.matrix(role, shape[0], shape[1])?, precision)
         };
         let vec = |role: Role| src.vector(role, role.shape(&cfg)[0]);
         let layers = (0..cfg.num_hidden_layers)
@@ -154,7 +169,7 @@ impl Gemma3 {
             head,
             layers,
             cfg,
-            precision: Precision::default(),
+            precision,
         })
     }
 
@@ -163,7 +178,18 @@ impl Gemma3 {
         self.precision
     }
 
-    fn linear(&self, w: &QMatrix, x: &[f32], m: usize) -> Result<Vec<f32>> {
+    fn linear(&self, w: &Linear, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        match w {
+            Linear::Ggml(w) => self.matmul(w, x, m),
+            Linear::Lanes(w) => {
+                let mut out = vec![0f32; m * w.n()];
+                w.matmul(x, m, &mut out)?;
+                Ok(out)
+            }
+        }
+    }
+
+    fn matmul(&self, w: &QMatrix, x: &[f32], m: usize) -> Result<Vec<f32>> {
         let mut out = vec![0f32; m * w.n()];
         match self.precision {
             Precision::Exact => w.matmul_exact(x, m, &mut out)?,
@@ -276,7 +302,7 @@ impl Gemma3 {
     }
 
     fn logits(&self, normed: &[f32], rows: usize) -> Result<Tensor> {
-        let mut out = self.linear(self.head.head(), normed, rows)?;
+        let mut out = self.matmul(self.head.head(), normed, rows)?;
         if let Some(cap) = self.cfg.final_logit_softcapping {
             softcap(&mut out, cap as f32);
         }

@@ -65,6 +65,9 @@ pub enum KernelError {
         /// Number of rows.
         n: usize,
     },
+    /// Only quantized matrices can be repacked into a [`crate::LaneMatrix`].
+    #[error("a {0:?} matrix is not quantized: only quantized types have a lane layout")]
+    NotQuantized(QType),
     /// The requested instruction set is not supported by this CPU.
     #[error("instruction set {0:?} is not available on this CPU")]
     IsaUnavailable(Isa),

@@ -110,6 +110,9 @@ mod kquants;
 mod kquants_avx2;
 #[cfg(target_arch = "x86_64")]
 mod kquants_avx512;
+mod lanes;
+#[cfg(target_arch = "x86_64")]
+mod lanes_x86;
 mod matrix;
 #[cfg(target_arch = "x86_64")]
 mod panel_avx2;
@@ -137,6 +140,7 @@ mod vnni_encodings_test;
 
 pub use error::KernelError;
 pub use isa::Isa;
+pub use lanes::LaneMatrix;
 pub use matrix::QMatrix;
 pub use qtype::QType;
 pub use vector::{dot, gelu_tanh_mul, rms_norm, rms_norm_rows, softmax_weights};

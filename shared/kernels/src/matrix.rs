@@ -314,7 +314,7 @@ fn q8_0_acts<'a>(isa: Isa, x: &[f32], m: usize, k: usize) -> Acts<'a> {
     Acts::Q8_0(Q8_0Acts::quantize(x, m, k, isa == Isa::AvxVnni))
 }
 
-fn check_len(
+pub(crate) fn check_len(
     what: &'static str,
     actual: usize,
     expected: Option<usize>,

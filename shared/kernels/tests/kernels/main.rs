@@ -6,4 +6,5 @@ mod dequant;
 mod errors;
 mod exact;
 mod invariance;
+mod lanes;
 mod matmul;

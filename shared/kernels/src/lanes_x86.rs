@@ -1,0 +1,414 @@
+//! AVX-512 and AVX2 tiles of [`LaneMatrix`] products.
+//!
+//! One generic tile computes `R` activation rows against `NG` groups of
+//! sixteen output rows: per element of `k` it converts each group's sixteen
+//! codes to f32 weights (`fma(code, scale, offset)`), broadcasts each row's
+//! activation and FMAs it into that row's accumulators — the per-lane
+//! arithmetic of the portable loop, so both instruction sets give its bits.
+//! [`Lanes`] abstracts sixteen f32 lanes: one 512-bit register, or two
+//! 256-bit ones with AVX2 only.
+
+use std::arch::x86_64::*;
+
+use crate::lanes::{Codes, Format, LaneMatrix, LANES};
+
+/// Activation rows per tile with AVX-512 (27 accumulators at three groups).
+const ROWS_512: usize = 9;
+/// Groups per AVX-512 tile.
+const GROUPS_512: usize = 3;
+/// Activation rows per tile with AVX2 (two registers per group).
+const ROWS_256: usize = 6;
+
+/// Sixteen f32 lanes and the operations a tile needs. Every method requires
+/// the target features of its type.
+trait Lanes: Copy {
+    unsafe fn zero() -> Self;
+    /// Sixteen f32 at `p`.
+    unsafe fn load(p: *const u8) -> Self;
+    /// `*p` in every lane.
+    unsafe fn splat(p: *const f32) -> Self;
+    /// `a · b + c`, rounded once.
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+    /// Sixteen signed bytes at `p`, as f32.
+    unsafe fn bytes(p: *const u8) -> Self;
+    /// The low (`HIGH` false) or high nibbles of the sixteen bytes at `p`,
+    /// with bit `4 + i` set in the lanes of 16-bit mask `i` at `masks`.
+    unsafe fn nibbles<const HIGH: bool, const PLANES: usize>(
+        p: *const u8,
+        masks: *const u8,
+    ) -> Self;
+    unsafe fn store(self, out: &mut [f32; LANES]);
+}
+
+/// One 512-bit register.
+#[derive(Clone, Copy)]
+struct Z(__m512);
+
+impl Lanes for Z {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        // SAFETY (all methods): the caller runs with AVX-512 F and BW.
+        unsafe { Z(_mm512_setzero_ps()) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Self {
+        unsafe { Z(_mm512_loadu_ps(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn splat(p: *const f32) -> Self {
+        unsafe { Z(_mm512_set1_ps(*p)) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+        unsafe { Z(_mm512_fmadd_ps(a.0, b.0, c.0)) }
+    }
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8) -> Self {
+        unsafe {
+            Z(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                p.cast(),
+            ))))
+        }
+    }
+    #[inline(always)]
+    unsafe fn nibbles<const HIGH: bool, const PLANES: usize>(
+        p: *const u8,
+        masks: *const u8,
+    ) -> Self {
+        unsafe {
+            let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast()));
+            let mut c = if HIGH {
+                _mm512_srli_epi32::<4>(v)
+            } else {
+                _mm512_and_si512(v, _mm512_set1_epi32(0x0F))
+            };
+            for i in 0..PLANES {
+                let m = masks.add(2 * i).cast::<u16>().read_unaligned();
+                c = _mm512_mask_or_epi32(c, m, c, _mm512_set1_epi32(16 << i));
+            }
+            Z(_mm512_cvtepi32_ps(c))
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(self, out: &mut [f32; LANES]) {
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), self.0) }
+    }
+}
+
+/// Two 256-bit registers: lanes 0–7 and 8–15.
+#[derive(Clone, Copy)]
+struct Y(__m256, __m256);
+
+impl Y {
+    /// Eight 4-bit codes of one half, with the higher bits of the masks.
+    #[inline(always)]
+    unsafe fn half<const HIGH: bool, const PLANES: usize>(
+        p: *const u8,
+        masks: *const u8,
+        half: i32,
+    ) -> __m256 {
+        // SAFETY: the caller runs with AVX2.
+        unsafe {
+            let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8 * half as usize).cast()));
+            let mut c = if HIGH {
+                _mm256_srli_epi32::<4>(v)
+            } else {
+                _mm256_and_si256(v, _mm256_set1_epi32(0x0F))
+            };
+            let shift = 8 * half;
+            let bits = _mm256_setr_epi32(
+                1 << shift,
+                2 << shift,
+                4 << shift,
+                8 << shift,
+                16 << shift,
+                32 << shift,
+                64 << shift,
+                128 << shift,
+            );
+            for i in 0..PLANES {
+                let m = i32::from(masks.add(2 * i).cast::<u16>().read_unaligned());
+                let set = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(m), bits), bits);
+                c = _mm256_or_si256(c, _mm256_and_si256(set, _mm256_set1_epi32(16 << i)));
+            }
+            _mm256_cvtepi32_ps(c)
+        }
+    }
+}
+
+impl Lanes for Y {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        // SAFETY (all methods): the caller runs with AVX2 and FMA.
+        unsafe { Y(_mm256_setzero_ps(), _mm256_setzero_ps()) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Self {
+        unsafe { Y(_mm256_loadu_ps(p.cast()), _mm256_loadu_ps(p.add(32).cast())) }
+    }
+    #[inline(always)]
+    unsafe fn splat(p: *const f32) -> Self {
+        unsafe {
+            let a = _mm256_broadcast_ss(&*p);
+            Y(a, a)
+        }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+        unsafe {
+            Y(
+                _mm256_fmadd_ps(a.0, b.0, c.0),
+                _mm256_fmadd_ps(a.1, b.1, c.1),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8) -> Self {
+        unsafe {
+            let lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()));
+            let hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(8).cast()));
+            Y(_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi))
+        }
+    }
+    #[inline(always)]
+    unsafe fn nibbles<const HIGH: bool, const PLANES: usize>(
+        p: *const u8,
+        masks: *const u8,
+    ) -> Self {
+        unsafe {
+            Y(
+                Y::half::<HIGH, PLANES>(p, masks, 0),
+                Y::half::<HIGH, PLANES>(p, masks, 1),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(self, out: &mut [f32; LANES]) {
+        unsafe {
+            _mm256_storeu_ps(out.as_mut_ptr(), self.0);
+            _mm256_storeu_ps(out.as_mut_ptr().add(8), self.1);
+        }
+    }
+}
+
+/// What a tile reads: the packed groups from its first one, the activation
+/// rows from its first one.
+#[derive(Clone, Copy)]
+struct Job {
+    groups: *const u8,
+    group_bytes: usize,
+    format: Format,
+    x: *const f32,
+    k: usize,
+}
+
+/// `out[r * NG + j]` = activation row `r` against the sixteen output rows of
+/// group `j`.
+///
+/// # Safety
+/// `V`'s target features; `job.groups` holds `NG` groups and `job.x` `R`
+/// rows of `k`; `out` has `R * NG` entries.
+#[inline(always)]
+unsafe fn tile<
+    V: Lanes,
+    const R: usize,
+    const NG: usize,
+    const BYTES: bool,
+    const PLANES: usize,
+>(
+    job: Job,
+    out: &mut [[f32; LANES]],
+) {
+    // SAFETY: per the contract every pointer below stays inside the groups
+    // (`k / sub` records each) and the rows (`k` values each). Plain loops
+    // only: a closure would be compiled without the target features and
+    // call every intrinsic out of line.
+    unsafe {
+        let (f, rec_bytes) = (job.format, job.format.record_bytes());
+        let mut acc = [[V::zero(); NG]; R];
+        let mut rec = [job.groups; NG];
+        let (mut scale, mut offset, mut w) = ([V::zero(); NG], [V::zero(); NG], [V::zero(); NG]);
+        for s in 0..job.k / f.sub {
+            for j in 0..NG {
+                rec[j] = job.groups.add(j * job.group_bytes + s * rec_bytes);
+                scale[j] = V::load(rec[j]);
+                offset[j] = V::load(rec[j].add(64));
+            }
+            let x = job.x.add(s * f.sub);
+            for e in 0..f.sub {
+                for j in 0..NG {
+                    let c = if BYTES {
+                        V::bytes(rec[j].add(Format::CODES_AT + e * LANES))
+                    } else {
+                        let codes = rec[j].add(Format::CODES_AT + e / 2 * LANES);
+                        let masks = rec[j].add(f.planes_at() + e * PLANES * 2);
+                        if e % 2 == 0 {
+                            V::nibbles::<false, PLANES>(codes, masks)
+                        } else {
+                            V::nibbles::<true, PLANES>(codes, masks)
+                        }
+                    };
+                    w[j] = V::fma(c, scale[j], offset[j]);
+                }
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = V::splat(x.add(r * job.k + e));
+                    for j in 0..NG {
+                        acc[j] = V::fma(w[j], a, acc[j]);
+                    }
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for j in 0..NG {
+                acc[j].store(&mut out[r * NG + j]);
+            }
+        }
+    }
+}
+
+type TileFn = unsafe fn(Job, &mut [[f32; LANES]]);
+
+/// Instantiates a tile entry point with the given target features.
+macro_rules! entry {
+    ($name:ident, $v:ty, $features:literal) => {
+        /// # Safety
+        /// The named features; see [`tile`].
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const R: usize, const NG: usize, const BYTES: bool, const PLANES: usize>(
+            job: Job,
+            out: &mut [[f32; LANES]],
+        ) {
+            // SAFETY: forwarded contract; the features are enabled here.
+            unsafe { tile::<$v, R, NG, BYTES, PLANES>(job, out) }
+        }
+    };
+}
+
+entry!(tile512, Z, "avx512f,avx512bw,avx512vl,avx2,fma");
+entry!(tile256, Y, "avx2,fma");
+
+/// The tile of `rows` rows and `NG` groups for the format's codes.
+macro_rules! pick {
+    ($f:ident, $ng:literal, $codes:expr, $rows:expr, $($r:literal)+) => {
+        match ($codes, $rows) {
+            $((Codes::Bytes, $r) => $f::<$r, $ng, true, 0> as TileFn,
+              (Codes::Nibbles(0), $r) => $f::<$r, $ng, false, 0> as TileFn,
+              (Codes::Nibbles(1), $r) => $f::<$r, $ng, false, 1> as TileFn,
+              (Codes::Nibbles(_), $r) => $f::<$r, $ng, false, 2> as TileFn,)+
+            _ => unreachable!("tiles have 1..=9 rows"),
+        }
+    };
+}
+
+fn avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+}
+
+/// The tile function for `rows` rows (at most the ISA's tile height) and
+/// `ng` groups (the ISA's width, or 1).
+fn tile_fn(wide: bool, codes: Codes, rows: usize, ng: usize) -> TileFn {
+    match (wide, ng) {
+        (true, 1) => pick!(tile512, 1, codes, rows, 1 2 3 4 5 6 7 8 9),
+        (true, _) => pick!(tile512, 3, codes, rows, 1 2 3 4 5 6 7 8 9),
+        (false, _) => pick!(tile256, 1, codes, rows, 1 2 3 4 5 6),
+    }
+}
+
+/// Columns `16·g0..16·g0 + outs[r].len()` of every activation row `r`,
+/// with the AVX-512 tiles where the CPU has them, else the AVX2 ones.
+/// Requires AVX2 and FMA (checked by the caller through [`crate::Isa`]).
+pub(crate) fn groups(w: &LaneMatrix, x: &[f32], g0: usize, outs: &mut [&mut [f32]]) {
+    groups_on(avx512(), w, x, g0, outs);
+}
+
+/// [`groups`] with the AVX-512 tiles (`wide`) or the AVX2 ones.
+fn groups_on(wide: bool, w: &LaneMatrix, x: &[f32], g0: usize, outs: &mut [&mut [f32]]) {
+    let (rows_max, width) = if wide {
+        (ROWS_512, GROUPS_512)
+    } else {
+        (ROWS_256, 1)
+    };
+    let (k, gb, format) = (w.k(), w.group_bytes(), w.format());
+    let cols = outs.first().map_or(0, |o| o.len());
+    let groups = cols.div_ceil(LANES);
+    let mut buf = vec![[0f32; LANES]; rows_max * width];
+    let mut g = 0;
+    while g < groups {
+        let ng = if groups - g >= width { width } else { 1 };
+        for r0 in (0..outs.len()).step_by(rows_max) {
+            let rows = rows_max.min(outs.len() - r0);
+            let job = Job {
+                groups: w.bytes()[(g0 + g) * gb..][..ng * gb].as_ptr(),
+                group_bytes: gb,
+                format,
+                x: x[r0 * k..(r0 + rows) * k].as_ptr(),
+                k,
+            };
+            let out = &mut buf[..rows * ng];
+            // SAFETY: the caller checked AVX2 and FMA, and AVX-512 F and BW
+            // when `wide`; the slices above bound `ng` groups and `rows` rows,
+            // and `out` has `rows * ng` entries.
+            unsafe { tile_fn(wide, format.codes, rows, ng)(job, out) };
+            for (r, res) in out.chunks_exact(ng).enumerate() {
+                let row = &mut outs[r0 + r][g * LANES..];
+                for (dst, src) in row.chunks_mut(LANES).zip(res) {
+                    dst.copy_from_slice(&src[..dst.len()]);
+                }
+            }
+        }
+        g += ng;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Isa, QMatrix, QType};
+
+    /// The AVX2 tiles, which this CPU would not pick when it has AVX-512,
+    /// against the portable loop, bit for bit, on every code format and
+    /// tile height (1..=13 rows: full and partial tiles), 3 groups and a
+    /// partial one.
+    #[test]
+    fn the_avx2_tiles_give_the_portable_bits() {
+        if !Isa::Avx2.is_available() {
+            return;
+        }
+        let (n, k) = (40, 256);
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for qtype in [QType::Q8_0, QType::Q4_K, QType::Q5_0, QType::Q6_K] {
+            let len = qtype.row_bytes(k).expect("whole blocks") * n;
+            let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            let bb = qtype.block_bytes();
+            let at = if qtype == QType::Q6_K { 208 } else { 0 };
+            for blk in bytes.chunks_exact_mut(bb) {
+                blk[at..at + 2].copy_from_slice(&[0x00, 0x20]);
+                if qtype == QType::Q4_K {
+                    blk[2..4].copy_from_slice(&[0x00, 0x1c]);
+                }
+            }
+            let w = QMatrix::new(qtype, n, k, bytes).expect("valid bytes");
+            let w = LaneMatrix::pack(&w).expect("quantized");
+            for m in 1..=13 {
+                let x: Vec<f32> = (0..m * k)
+                    .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+                    .collect();
+                let mut want = vec![0f32; m * n];
+                w.matmul_with(Isa::Scalar, &x, m, &mut want)
+                    .expect("portable");
+                let mut got = vec![f32::NAN; m * n];
+                let mut outs: Vec<&mut [f32]> = got.chunks_exact_mut(n).collect();
+                groups_on(false, &w, &x, 0, &mut outs);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{qtype:?} m={m}");
+            }
+        }
+    }
+}
