@@ -19,7 +19,8 @@
 //! Output rows are taken sixteen at a time (a *group*; a last partial group
 //! is padded with zero weights). For each group and each sub-block of `k`
 //! that shares a scale (32 elements; 16 for Q6_K, 256 for Q8_K) a record
-//! holds sixteen f32 scales, sixteen f32 offsets, then the codes element by
+//! holds sixteen f32 scales, sixteen f32 offsets where the type has mins
+//! (Q4_K, Q5_K; elsewhere the offset is `scale · −bias`), then the codes element by
 //! element, sixteen lanes each: signed bytes for Q8_0 / Q8_K, otherwise the
 //! low four bits of two consecutive elements per byte (element `2p` low,
 //! `2p + 1` high) followed by each element's higher bits as 16-bit lane
@@ -59,40 +60,49 @@ pub(crate) enum Codes {
 }
 
 /// Where the parts of a record lie, for one type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Format {
     /// Code storage.
     pub(crate) codes: Codes,
     /// Elements per record (sharing one scale and offset per lane).
     pub(crate) sub: usize,
+    /// The code bias `b` of types without mins, whose offsets are not
+    /// stored but computed as `scale · −b` (exact: `b` is 0, 8, 16 or 32);
+    /// `None` where the offsets are stored (Q4_K, Q5_K).
+    pub(crate) bias: Option<f32>,
 }
 
 impl Format {
     /// The format of `qtype`, or `None` for unquantized types.
     fn of(qtype: QType) -> Option<Format> {
-        let (codes, sub) = match qtype {
+        let (codes, sub, bias) = match qtype {
             QType::F32 | QType::F16 => return None,
-            QType::Q8_0 => (Codes::Bytes, QK8_0),
-            QType::Q8_K => (Codes::Bytes, QK_K),
-            QType::Q4_0 | QType::Q4_K => (Codes::Nibbles(0), 32),
-            QType::Q5_0 | QType::Q5_K => (Codes::Nibbles(1), 32),
-            QType::Q6_K => (Codes::Nibbles(2), 16),
+            QType::Q8_0 => (Codes::Bytes, QK8_0, Some(0.0)),
+            QType::Q8_K => (Codes::Bytes, QK_K, Some(0.0)),
+            QType::Q4_0 => (Codes::Nibbles(0), 32, Some(8.0)),
+            QType::Q5_0 => (Codes::Nibbles(1), 32, Some(16.0)),
+            QType::Q4_K => (Codes::Nibbles(0), 32, None),
+            QType::Q5_K => (Codes::Nibbles(1), 32, None),
+            QType::Q6_K => (Codes::Nibbles(2), 16, Some(32.0)),
         };
-        Some(Format { codes, sub })
+        Some(Format { codes, sub, bias })
     }
 
-    /// Byte offset of the codes in a record.
-    pub(crate) const CODES_AT: usize = 2 * VEC_BYTES;
+    /// Byte offset of the codes in a record (after the scales and any
+    /// stored offsets).
+    pub(crate) fn codes_at(self) -> usize {
+        VEC_BYTES * if self.bias.is_some() { 1 } else { 2 }
+    }
 
     /// Byte offset of the higher-bit masks in a record.
     pub(crate) fn planes_at(self) -> usize {
-        Self::CODES_AT + self.sub * LANES / 2
+        self.codes_at() + self.sub * LANES / 2
     }
 
     /// Bytes of one record.
     pub(crate) fn record_bytes(self) -> usize {
         match self.codes {
-            Codes::Bytes => Self::CODES_AT + self.sub * LANES,
+            Codes::Bytes => self.codes_at() + self.sub * LANES,
             Codes::Nibbles(p) => self.planes_at() + self.sub * p * 2,
         }
     }
@@ -337,15 +347,17 @@ fn put_row(format: Format, rc: &RowCodes, lane: usize, group: &mut [u8]) {
     for (s, record) in group.chunks_exact_mut(rec).enumerate() {
         let at = 4 * lane;
         record[at..at + 4].copy_from_slice(&rc.scales[s].to_le_bytes());
-        let at = VEC_BYTES + 4 * lane;
-        record[at..at + 4].copy_from_slice(&rc.offsets[s].to_le_bytes());
+        if format.bias.is_none() {
+            let at = VEC_BYTES + 4 * lane;
+            record[at..at + 4].copy_from_slice(&rc.offsets[s].to_le_bytes());
+        }
         let codes = &rc.codes[s * format.sub..][..format.sub];
         for (e, &c) in codes.iter().enumerate() {
             match format.codes {
-                Codes::Bytes => record[Format::CODES_AT + e * LANES + lane] = c as i8 as u8,
+                Codes::Bytes => record[format.codes_at() + e * LANES + lane] = c as i8 as u8,
                 Codes::Nibbles(planes) => {
                     let nib = (c as u8 & 0x0F) << (4 * (e % 2));
-                    record[Format::CODES_AT + e / 2 * LANES + lane] |= nib;
+                    record[format.codes_at() + e / 2 * LANES + lane] |= nib;
                     for p in 0..planes {
                         if (c >> (4 + p)) & 1 == 1 {
                             let at = format.planes_at() + (e * planes + p) * 2;
@@ -362,9 +374,9 @@ fn put_row(format: Format, rc: &RowCodes, lane: usize, group: &mut [u8]) {
 /// The code of element `e` of lane `lane` in a record.
 fn code_at(format: Format, record: &[u8], e: usize, lane: usize) -> f32 {
     match format.codes {
-        Codes::Bytes => f32::from(record[Format::CODES_AT + e * LANES + lane] as i8),
+        Codes::Bytes => f32::from(record[format.codes_at() + e * LANES + lane] as i8),
         Codes::Nibbles(planes) => {
-            let byte = record[Format::CODES_AT + e / 2 * LANES + lane];
+            let byte = record[format.codes_at() + e / 2 * LANES + lane];
             let mut c = u16::from((byte >> (4 * (e % 2))) & 0x0F);
             for p in 0..planes {
                 let at = format.planes_at() + (e * planes + p) * 2;
@@ -385,7 +397,10 @@ fn decode_lane(format: Format, group: &[u8], lane: usize, out: &mut [f32]) {
         .zip(out.chunks_exact_mut(format.sub))
     {
         let scale = f32_at(record, 4 * lane);
-        let offset = f32_at(record, VEC_BYTES + 4 * lane);
+        let offset = match format.bias {
+            Some(b) => scale * -b,
+            None => f32_at(record, VEC_BYTES + 4 * lane),
+        };
         for (e, o) in out.iter_mut().enumerate() {
             *o = code_at(format, record, e, lane).mul_add(scale, offset);
         }

@@ -27,6 +27,8 @@ trait Lanes: Copy {
     unsafe fn load(p: *const u8) -> Self;
     /// `*p` in every lane.
     unsafe fn splat(p: *const f32) -> Self;
+    /// `a · b`.
+    unsafe fn mul(a: Self, b: Self) -> Self;
     /// `a · b + c`, rounded once.
     unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
     /// Sixteen signed bytes at `p`, as f32.
@@ -57,6 +59,10 @@ impl Lanes for Z {
     #[inline(always)]
     unsafe fn splat(p: *const f32) -> Self {
         unsafe { Z(_mm512_set1_ps(*p)) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        unsafe { Z(_mm512_mul_ps(a.0, b.0)) }
     }
     #[inline(always)]
     unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
@@ -154,6 +160,10 @@ impl Lanes for Y {
         }
     }
     #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        unsafe { Y(_mm256_mul_ps(a.0, b.0), _mm256_mul_ps(a.1, b.1)) }
+    }
+    #[inline(always)]
     unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
         unsafe {
             Y(
@@ -226,21 +236,26 @@ unsafe fn tile<
     unsafe {
         let (f, rec_bytes) = (job.format, job.format.record_bytes());
         let mut acc = [[V::zero(); NG]; R];
+        let neg_bias = f.bias.map(|b| -b);
+        let neg_bias_lanes = V::splat(&neg_bias.unwrap_or(0.0));
         let mut rec = [job.groups; NG];
         let (mut scale, mut offset, mut w) = ([V::zero(); NG], [V::zero(); NG], [V::zero(); NG]);
         for s in 0..job.k / f.sub {
             for j in 0..NG {
                 rec[j] = job.groups.add(j * job.group_bytes + s * rec_bytes);
                 scale[j] = V::load(rec[j]);
-                offset[j] = V::load(rec[j].add(64));
+                offset[j] = match neg_bias {
+                    Some(_) => V::mul(scale[j], neg_bias_lanes),
+                    None => V::load(rec[j].add(64)),
+                };
             }
             let x = job.x.add(s * f.sub);
             for e in 0..f.sub {
                 for j in 0..NG {
                     let c = if BYTES {
-                        V::bytes(rec[j].add(Format::CODES_AT + e * LANES))
+                        V::bytes(rec[j].add(f.codes_at() + e * LANES))
                     } else {
-                        let codes = rec[j].add(Format::CODES_AT + e / 2 * LANES);
+                        let codes = rec[j].add(f.codes_at() + e / 2 * LANES);
                         let masks = rec[j].add(f.planes_at() + e * PLANES * 2);
                         if e % 2 == 0 {
                             V::nibbles::<false, PLANES>(codes, masks)
