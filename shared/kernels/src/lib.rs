@@ -82,6 +82,13 @@
 //! and compares the bits). The portable path dequantizes each weight row
 //! once per call.
 //!
+//! # Lane layout
+//!
+//! [`LaneMatrix`] repacks a quantized matrix so that SIMD lanes hold output
+//! rows; its exact product runs one f32 FMA chain per (activation row,
+//! output) over `k` in order, the same bits on every implementation (see
+//! its module docs).
+//!
 //! # Instruction sets
 //!
 //! [`Isa::detect`] picks AVX2 (with FMA and F16C, plus AVX-VNNI or AVX-512
