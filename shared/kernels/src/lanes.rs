@@ -3,32 +3,32 @@
 //!
 //! # Arithmetic
 //!
-//! Every weight is dequantized exactly as [`QMatrix::dequantize_row`] does,
-//! as `w = fma(code, scale, offset)` (one rounding of the exact value
-//! `scale · (q − bias) − min`, the same single rounding ggml's dequantizer
-//! performs), and each (activation row, output) pair owns one f32
-//! accumulator fed one element at a time in increasing `k` order:
-//! `acc = fma(w[e], x[e], acc)`. Nothing else touches the sum, so the result
-//! of a pair depends on that weight row and that activation row only —
-//! batch invariant by construction — and every implementation (portable
-//! `f32::mul_add`, AVX2, AVX-512) gives the same bits: a SIMD lane carries
-//! one pair through exactly these operations.
+//! Every weight is dequantized to the value [`QMatrix::dequantize_row`]
+//! gives, with one rounding as there: `w = (c − bias) · scale` for codes
+//! `c` with a fixed bias (Q4_0, Q5_0, and the signed byte codes of Q8_0,
+//! Q8_K and Q6_K), `w = fma(c, scale, −min)` for Q4_K / Q5_K. Each
+//! (activation row, output) pair owns one f32 accumulator fed one element
+//! at a time in increasing `k` order: `acc = fma(w[e], x[e], acc)`. Nothing
+//! else touches the sum, so the result of a pair depends on that weight row
+//! and that activation row only — batch invariant by construction — and
+//! every implementation (portable `f32::mul_add`, AVX2, AVX-512) gives the
+//! same bits: a SIMD lane carries one pair through exactly these operations.
 //!
 //! # Layout
 //!
 //! Output rows are taken sixteen at a time (a *group*; a last partial group
 //! is padded with zero weights). For each group and each sub-block of `k`
 //! that shares a scale (32 elements; 16 for Q6_K, 256 for Q8_K) a record
-//! holds sixteen f32 scales, sixteen f32 offsets where the type has mins
-//! (Q4_K, Q5_K; elsewhere the offset is `scale · −bias`), then the codes element by
-//! element, sixteen lanes each: signed bytes for Q8_0 / Q8_K, otherwise the
-//! low four bits of two consecutive elements per byte (element `2p` low,
-//! `2p + 1` high) followed by each element's higher bits as 16-bit lane
-//! masks (none for Q4_0 / Q4_K, one for Q5_0 / Q5_K, two for Q6_K). Records are multiples
-//! of 64 bytes and start on 64-byte boundaries. A kernel then loads a
-//! group's sixteen codes of one element in one instruction, converts them,
-//! and multiplies them with one broadcast activation per row: the weights
-//! are decoded once for all rows of a tile and no horizontal sums exist.
+//! holds sixteen f32 scales, sixteen f32 offsets (Q4_K, Q5_K only), then the
+//! codes element by element, sixteen lanes each: signed bytes for Q8_0, Q8_K
+//! and Q6_K, otherwise the low four bits of two consecutive elements per
+//! byte (element `2p` low, `2p + 1` high), followed for Q5_0 / Q5_K by each
+//! element's fifth bit as a 16-bit lane mask. Records are multiples of 64
+//! bytes and start on 64-byte boundaries. A kernel loads a group's sixteen
+//! codes of one element in one instruction, converts them, and multiplies
+//! them with one broadcast activation per row: the weights are decoded once
+//! for all rows of a tile and no horizontal sums exist. Bits per weight:
+//! Q4_0 5, Q5_0 6, Q4_K 6, Q5_K 7, Q6_K 10, Q8_0 9, Q8_K 8.1.
 
 use rayon::prelude::*;
 
@@ -52,50 +52,68 @@ const TASKS_PER_THREAD: usize = 4;
 /// How a type's codes are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Codes {
-    /// One signed byte per element (Q8_0, Q8_K).
+    /// One signed byte per element (Q8_0, Q8_K, and Q6_K as `q − 32`).
     Bytes,
-    /// Four low bits per element, two elements per byte, plus this many
-    /// higher bits per element as lane masks (Q4_x: 0, Q5_x: 1, Q6_K: 2).
-    Nibbles(usize),
+    /// Four low bits per element, two elements per byte; with `high_bit`
+    /// (Q5_0, Q5_K) each element's fifth bit follows as 16-bit lane masks.
+    Nibbles {
+        /// Whether a fifth bit per element is stored.
+        high_bit: bool,
+    },
+}
+
+/// How a weight is formed from its code `c`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Offsets {
+    /// `w = (c − bias) · scale` (Q4_0: 8, Q5_0: 16, byte codes: 0).
+    Bias(i32),
+    /// `w = fma(c, scale, offset)`, offsets stored (Q4_K, Q5_K: `−min`).
+    Stored,
 }
 
 /// Where the parts of a record lie, for one type.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Format {
     /// Code storage.
     pub(crate) codes: Codes,
     /// Elements per record (sharing one scale and offset per lane).
     pub(crate) sub: usize,
-    /// The code bias `b` of types without mins, whose offsets are not
-    /// stored but computed as `scale · −b` (exact: `b` is 0, 8, 16 or 32);
-    /// `None` where the offsets are stored (Q4_K, Q5_K).
-    pub(crate) bias: Option<f32>,
+    /// How codes become weights.
+    pub(crate) offsets: Offsets,
 }
 
 impl Format {
     /// The format of `qtype`, or `None` for unquantized types.
     fn of(qtype: QType) -> Option<Format> {
-        let (codes, sub, bias) = match qtype {
+        let nibbles = |high_bit| Codes::Nibbles { high_bit };
+        let (codes, sub, offsets) = match qtype {
             QType::F32 | QType::F16 => return None,
-            QType::Q8_0 => (Codes::Bytes, QK8_0, Some(0.0)),
-            QType::Q8_K => (Codes::Bytes, QK_K, Some(0.0)),
-            QType::Q4_0 => (Codes::Nibbles(0), 32, Some(8.0)),
-            QType::Q5_0 => (Codes::Nibbles(1), 32, Some(16.0)),
-            QType::Q4_K => (Codes::Nibbles(0), 32, None),
-            QType::Q5_K => (Codes::Nibbles(1), 32, None),
-            QType::Q6_K => (Codes::Nibbles(2), 16, Some(32.0)),
+            QType::Q8_0 => (Codes::Bytes, QK8_0, Offsets::Bias(0)),
+            QType::Q8_K => (Codes::Bytes, QK_K, Offsets::Bias(0)),
+            QType::Q6_K => (Codes::Bytes, 16, Offsets::Bias(0)),
+            QType::Q4_0 => (nibbles(false), 32, Offsets::Bias(8)),
+            QType::Q5_0 => (nibbles(true), 32, Offsets::Bias(16)),
+            QType::Q4_K => (nibbles(false), 32, Offsets::Stored),
+            QType::Q5_K => (nibbles(true), 32, Offsets::Stored),
         };
-        Some(Format { codes, sub, bias })
+        Some(Format {
+            codes,
+            sub,
+            offsets,
+        })
     }
 
     /// Byte offset of the codes in a record (after the scales and any
     /// stored offsets).
     pub(crate) fn codes_at(self) -> usize {
-        VEC_BYTES * if self.bias.is_some() { 1 } else { 2 }
+        match self.offsets {
+            Offsets::Bias(_) => VEC_BYTES,
+            Offsets::Stored => 2 * VEC_BYTES,
+        }
     }
 
-    /// Byte offset of the higher-bit masks in a record.
-    pub(crate) fn planes_at(self) -> usize {
+    /// Byte offset of the fifth-bit masks in a record.
+    pub(crate) fn masks_at(self) -> usize {
         self.codes_at() + self.sub * LANES / 2
     }
 
@@ -103,7 +121,15 @@ impl Format {
     pub(crate) fn record_bytes(self) -> usize {
         match self.codes {
             Codes::Bytes => self.codes_at() + self.sub * LANES,
-            Codes::Nibbles(p) => self.planes_at() + self.sub * p * 2,
+            Codes::Nibbles { high_bit } => self.masks_at() + 2 * self.sub * usize::from(high_bit),
+        }
+    }
+
+    /// Weight of code `c` with a lane's `scale` and `offset`.
+    fn weight(self, c: i16, scale: f32, offset: f32) -> f32 {
+        match self.offsets {
+            Offsets::Bias(b) => f32::from(c - b as i16) * scale,
+            Offsets::Stored => f32::from(c).mul_add(scale, offset),
         }
     }
 }
@@ -143,7 +169,8 @@ struct RowCodes {
 }
 
 /// Codes, scales and offsets of one ggml row of `qtype` such that element
-/// `e` dequantizes to `fma(codes[e], scales[e / sub], offsets[e / sub])`.
+/// `e` dequantizes to `format.weight(codes[e], scales[e / sub],
+/// offsets[e / sub])`.
 fn row_codes(qtype: QType, format: Format, row: &[u8], k: usize) -> RowCodes {
     let subs = k / format.sub;
     let mut rc = RowCodes {
@@ -157,29 +184,25 @@ fn row_codes(qtype: QType, format: Format, row: &[u8], k: usize) -> RowCodes {
             QType::Q4_0 | QType::Q5_0 | QType::Q8_0 => {
                 let mut w = [0i8; QK8_0];
                 let d = decode_block(qtype, blk, &mut w);
-                let bias = match qtype {
-                    QType::Q4_0 => 8,
-                    QType::Q5_0 => 16,
-                    _ => 0,
+                let bias = match format.offsets {
+                    Offsets::Bias(b) => b as i16,
+                    Offsets::Stored => 0,
                 };
                 rc.codes.extend(w.iter().map(|&q| i16::from(q) + bias));
                 rc.scales.push(d);
-                rc.offsets.push(-f32::from(bias) * d);
+                rc.offsets.push(0.0);
             }
             _ => {
                 let sb = decode_superblock(qtype, blk);
                 match qtype {
                     QType::Q8_K => rc.codes.extend(sb.q.iter().map(|&q| i16::from(q as i8))),
+                    QType::Q6_K => rc.codes.extend(sb.q.iter().map(|&q| i16::from(q) - 32)),
                     _ => rc.codes.extend(sb.q.iter().map(|&q| i16::from(q))),
                 }
                 for s in (0..16).step_by(format.sub / 16) {
                     let scale = sb.d * f32::from(sb.scales[s]);
                     rc.scales.push(scale);
-                    rc.offsets.push(match qtype {
-                        QType::Q6_K => -32.0 * scale,
-                        QType::Q8_K => 0.0,
-                        _ => -(sb.dmin * f32::from(sb.mins[s])),
-                    });
+                    rc.offsets.push(-(sb.dmin * f32::from(sb.mins[s])));
                 }
             }
         }
@@ -256,6 +279,42 @@ impl LaneMatrix {
         let group = &self.bytes()[row / LANES * self.group_bytes()..][..self.group_bytes()];
         decode_lane(self.format, group, row % LANES, out);
         Ok(())
+    }
+
+    /// Dequantizes the whole matrix to `n × k` row-major `f32`.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.n * self.k];
+        let gb = self.group_bytes();
+        for (r, row) in out.chunks_exact_mut(self.k).enumerate() {
+            let group = &self.bytes()[r / LANES * gb..][..gb];
+            decode_lane(self.format, group, r % LANES, row);
+        }
+        out
+    }
+
+    /// A matrix of the given rows, in that order (rows may repeat).
+    pub fn select_rows(&self, rows: &[usize]) -> Result<LaneMatrix, KernelError> {
+        if let Some(&row) = rows.iter().find(|&&r| r >= self.n) {
+            return Err(KernelError::RowOutOfRange { row, n: self.n });
+        }
+        if rows.is_empty() {
+            return Err(KernelError::EmptyMatrix { n: 0, k: self.k });
+        }
+        let gb = self.group_bytes();
+        let mut lines = vec![Line([0; 64]); rows.len().div_ceil(LANES) * gb / 64];
+        let dst = lines_as_bytes_mut(&mut lines);
+        for (i, &r) in rows.iter().enumerate() {
+            let src = &self.bytes()[r / LANES * gb..][..gb];
+            let to = &mut dst[i / LANES * gb..][..gb];
+            copy_lane(self.format, (src, r % LANES), (to, i % LANES));
+        }
+        Ok(LaneMatrix {
+            qtype: self.qtype,
+            n: rows.len(),
+            k: self.k,
+            format: self.format,
+            lines,
+        })
     }
 
     /// `out = x · Wᵀ` (`x`: `m × k` row-major, `out`: `m × n`), with the
@@ -347,7 +406,7 @@ fn put_row(format: Format, rc: &RowCodes, lane: usize, group: &mut [u8]) {
     for (s, record) in group.chunks_exact_mut(rec).enumerate() {
         let at = 4 * lane;
         record[at..at + 4].copy_from_slice(&rc.scales[s].to_le_bytes());
-        if format.bias.is_none() {
+        if format.offsets == Offsets::Stored {
             let at = VEC_BYTES + 4 * lane;
             record[at..at + 4].copy_from_slice(&rc.offsets[s].to_le_bytes());
         }
@@ -355,15 +414,13 @@ fn put_row(format: Format, rc: &RowCodes, lane: usize, group: &mut [u8]) {
         for (e, &c) in codes.iter().enumerate() {
             match format.codes {
                 Codes::Bytes => record[format.codes_at() + e * LANES + lane] = c as i8 as u8,
-                Codes::Nibbles(planes) => {
+                Codes::Nibbles { high_bit } => {
                     let nib = (c as u8 & 0x0F) << (4 * (e % 2));
                     record[format.codes_at() + e / 2 * LANES + lane] |= nib;
-                    for p in 0..planes {
-                        if (c >> (4 + p)) & 1 == 1 {
-                            let at = format.planes_at() + (e * planes + p) * 2;
-                            let mask = u16::from_le_bytes([record[at], record[at + 1]]) | lane_bit;
-                            record[at..at + 2].copy_from_slice(&mask.to_le_bytes());
-                        }
+                    if high_bit && (c >> 4) & 1 == 1 {
+                        let at = format.masks_at() + 2 * e;
+                        let mask = u16::from_le_bytes([record[at], record[at + 1]]) | lane_bit;
+                        record[at..at + 2].copy_from_slice(&mask.to_le_bytes());
                     }
                 }
             }
@@ -371,19 +428,48 @@ fn put_row(format: Format, rc: &RowCodes, lane: usize, group: &mut [u8]) {
     }
 }
 
-/// The code of element `e` of lane `lane` in a record.
-fn code_at(format: Format, record: &[u8], e: usize, lane: usize) -> f32 {
-    match format.codes {
-        Codes::Bytes => f32::from(record[format.codes_at() + e * LANES + lane] as i8),
-        Codes::Nibbles(planes) => {
-            let byte = record[format.codes_at() + e / 2 * LANES + lane];
-            let mut c = u16::from((byte >> (4 * (e % 2))) & 0x0F);
-            for p in 0..planes {
-                let at = format.planes_at() + (e * planes + p) * 2;
-                let mask = u16::from_le_bytes([record[at], record[at + 1]]);
-                c |= ((mask >> lane) & 1) << (4 + p);
+/// Copies lane `from.1` of the group `from.0` into lane `to.1` of `to.0`
+/// (scales, offsets, codes and fifth bits of every record).
+fn copy_lane(format: Format, from: (&[u8], usize), to: (&mut [u8], usize)) {
+    let ((src, sl), (dst, dl)) = (from, to);
+    let rec = format.record_bytes();
+    for (s, d) in src.chunks_exact(rec).zip(dst.chunks_exact_mut(rec)) {
+        let vecs = format.codes_at() / VEC_BYTES;
+        for v in 0..vecs {
+            let (a, b) = (v * VEC_BYTES + 4 * sl, v * VEC_BYTES + 4 * dl);
+            d[b..b + 4].copy_from_slice(&s[a..a + 4]);
+        }
+        let code_bytes = match format.codes {
+            Codes::Bytes => format.sub,
+            Codes::Nibbles { .. } => format.sub / 2,
+        };
+        for c in 0..code_bytes {
+            d[format.codes_at() + c * LANES + dl] = s[format.codes_at() + c * LANES + sl];
+        }
+        if format.codes == (Codes::Nibbles { high_bit: true }) {
+            for e in 0..format.sub {
+                let at = format.masks_at() + 2 * e;
+                let bit = (u16::from_le_bytes([s[at], s[at + 1]]) >> sl) & 1;
+                let mask = u16::from_le_bytes([d[at], d[at + 1]]) & !(1 << dl) | bit << dl;
+                d[at..at + 2].copy_from_slice(&mask.to_le_bytes());
             }
-            f32::from(c)
+        }
+    }
+}
+
+/// The code of element `e` of lane `lane` in a record.
+fn code_at(format: Format, record: &[u8], e: usize, lane: usize) -> i16 {
+    match format.codes {
+        Codes::Bytes => i16::from(record[format.codes_at() + e * LANES + lane] as i8),
+        Codes::Nibbles { high_bit } => {
+            let byte = record[format.codes_at() + e / 2 * LANES + lane];
+            let mut c = i16::from((byte >> (4 * (e % 2))) & 0x0F);
+            if high_bit {
+                let at = format.masks_at() + 2 * e;
+                let mask = u16::from_le_bytes([record[at], record[at + 1]]);
+                c |= (((mask >> lane) & 1) << 4) as i16;
+            }
+            c
         }
     }
 }
@@ -397,12 +483,12 @@ fn decode_lane(format: Format, group: &[u8], lane: usize, out: &mut [f32]) {
         .zip(out.chunks_exact_mut(format.sub))
     {
         let scale = f32_at(record, 4 * lane);
-        let offset = match format.bias {
-            Some(b) => scale * -b,
-            None => f32_at(record, VEC_BYTES + 4 * lane),
+        let offset = match format.offsets {
+            Offsets::Bias(_) => 0.0,
+            Offsets::Stored => f32_at(record, VEC_BYTES + 4 * lane),
         };
         for (e, o) in out.iter_mut().enumerate() {
-            *o = code_at(format, record, e, lane).mul_add(scale, offset);
+            *o = format.weight(code_at(format, record, e, lane), scale, offset);
         }
     }
 }

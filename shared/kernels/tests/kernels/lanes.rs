@@ -105,6 +105,42 @@ fn a_row_computes_the_same_bits_alone_and_in_any_block() {
 }
 
 #[test]
+fn selected_rows_and_the_whole_matrix_dequantize_like_the_ggml_rows() {
+    let mut rng = Rng::new(11);
+    for qtype in QUANTIZED {
+        let (n, k) = (37, qtype.block_size() * 2);
+        let (w, w_deq) = packed(qtype, n, k, &mut rng);
+        assert_eq!(w.dequantize(), w_deq, "{qtype:?}");
+        let rows = [
+            36, 0, 17, 17, 5, 16, 15, 31, 2, 33, 8, 9, 10, 11, 12, 13, 14, 1,
+        ];
+        let sel = w.select_rows(&rows).expect("rows in range");
+        assert_eq!(sel.n(), rows.len());
+        let got = sel.dequantize();
+        for (i, &r) in rows.iter().enumerate() {
+            assert_eq!(
+                &got[i * k..(i + 1) * k],
+                &w_deq[r * k..(r + 1) * k],
+                "{qtype:?} {i}"
+            );
+        }
+        let x = random_acts(3, k, &mut rng);
+        let (all, part) = (
+            lane_matmul(&w, Isa::Scalar, &x, 3),
+            lane_matmul(&sel, Isa::detect(), &x, 3),
+        );
+        for (i, &r) in rows.iter().enumerate() {
+            for row in 0..3 {
+                assert_eq!(
+                    part[row * rows.len() + i].to_bits(),
+                    all[row * n + r].to_bits()
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn unquantized_matrices_and_bad_buffers_are_refused() {
     let mut rng = Rng::new(3);
     for qtype in [QType::F32, QType::F16] {
