@@ -19,17 +19,20 @@
 //! Output rows are taken sixteen at a time (a *group*; a last partial group
 //! is padded with zero weights). For each group and each sub-block of `k`
 //! that shares a scale (32 elements; 16 for Q6_K, 256 for Q8_K) a record
-//! holds sixteen f32 scales, sixteen f32 offsets (Q4_K, Q5_K only), then the
+//! holds sixteen scales (f16 for Q4_0 / Q5_0 / Q8_0 as in the file, else
+//! f32), sixteen f32 offsets (Q4_K, Q5_K only), then the
 //! codes element by element, sixteen lanes each: signed bytes for Q8_0, Q8_K
 //! and Q6_K, otherwise the low four bits of two consecutive elements per
 //! byte (element `2p` low, `2p + 1` high), followed for Q5_0 / Q5_K by each
-//! element's fifth bit as a 16-bit lane mask. Records are multiples of 64
-//! bytes and start on 64-byte boundaries. A kernel loads a group's sixteen
+//! element's fifth bit as a 16-bit lane mask. Records are multiples of 32
+//! bytes and start on 32-byte boundaries. A kernel loads a group's sixteen
 //! codes of one element in one instruction, converts them, and multiplies
 //! them with one broadcast activation per row: the weights are decoded once
 //! for all rows of a tile and no horizontal sums exist. Bits per weight:
-//! Q4_0 5, Q5_0 6, Q4_K 6, Q5_K 7, Q6_K 10, Q8_0 9, Q8_K 8.1.
+//! Q4_0 4.5, Q5_0 5.5, Q8_0 8.5 (as in the file), Q4_K 6, Q5_K 7, Q6_K 10,
+//! Q8_K 8.1.
 
+use half::f16;
 use rayon::prelude::*;
 
 use crate::kquants::decode_superblock;
@@ -80,6 +83,8 @@ pub(crate) struct Format {
     pub(crate) sub: usize,
     /// How codes become weights.
     pub(crate) offsets: Offsets,
+    /// Scales stored as f16 (Q4_0, Q5_0, Q8_0, whose scales are f16), else f32.
+    pub(crate) half_scales: bool,
 }
 
 impl Format {
@@ -100,16 +105,27 @@ impl Format {
             codes,
             sub,
             offsets,
+            half_scales: matches!(qtype, QType::Q4_0 | QType::Q5_0 | QType::Q8_0),
         })
+    }
+
+    /// Bytes of one lane's scale.
+    pub(crate) fn scale_width(self) -> usize {
+        if self.half_scales {
+            2
+        } else {
+            4
+        }
     }
 
     /// Byte offset of the codes in a record (after the scales and any
     /// stored offsets).
     pub(crate) fn codes_at(self) -> usize {
-        match self.offsets {
-            Offsets::Bias(_) => VEC_BYTES,
-            Offsets::Stored => 2 * VEC_BYTES,
-        }
+        LANES * self.scale_width()
+            + match self.offsets {
+                Offsets::Bias(_) => 0,
+                Offsets::Stored => VEC_BYTES,
+            }
     }
 
     /// Byte offset of the fifth-bit masks in a record.
@@ -219,7 +235,7 @@ impl LaneMatrix {
         let rec = format.record_bytes();
         let group_bytes = k / format.sub * rec;
         let groups = n.div_ceil(LANES);
-        let mut lines = vec![Line([0; 64]); groups * group_bytes / 64];
+        let mut lines = vec![Line([0; 64]); (groups * group_bytes).div_ceil(64)];
         let row_bytes = w.as_bytes().len() / n;
         let bytes = lines_as_bytes_mut(&mut lines);
         for (r, row) in w.as_bytes().chunks_exact(row_bytes).enumerate() {
@@ -253,7 +269,7 @@ impl LaneMatrix {
 
     /// Bytes held (packed weights, scales and offsets).
     pub fn byte_len(&self) -> usize {
-        self.lines.len() * 64
+        self.n.div_ceil(LANES) * self.group_bytes()
     }
 
     pub(crate) fn format(&self) -> Format {
@@ -266,7 +282,7 @@ impl LaneMatrix {
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
-        lines_as_bytes(&self.lines)
+        &lines_as_bytes(&self.lines)[..self.byte_len()]
     }
 
     /// Row `row`, dequantized (the same values as
@@ -301,7 +317,7 @@ impl LaneMatrix {
             return Err(KernelError::EmptyMatrix { n: 0, k: self.k });
         }
         let gb = self.group_bytes();
-        let mut lines = vec![Line([0; 64]); rows.len().div_ceil(LANES) * gb / 64];
+        let mut lines = vec![Line([0; 64]); (rows.len().div_ceil(LANES) * gb).div_ceil(64)];
         let dst = lines_as_bytes_mut(&mut lines);
         for (i, &r) in rows.iter().enumerate() {
             let src = &self.bytes()[r / LANES * gb..][..gb];
@@ -404,10 +420,15 @@ fn put_row(format: Format, rc: &RowCodes, lane: usize, group: &mut [u8]) {
     let rec = format.record_bytes();
     let lane_bit = 1u16 << lane;
     for (s, record) in group.chunks_exact_mut(rec).enumerate() {
-        let at = 4 * lane;
-        record[at..at + 4].copy_from_slice(&rc.scales[s].to_le_bytes());
+        if format.half_scales {
+            let at = 2 * lane;
+            record[at..at + 2].copy_from_slice(&f16::from_f32(rc.scales[s]).to_le_bytes());
+        } else {
+            let at = 4 * lane;
+            record[at..at + 4].copy_from_slice(&rc.scales[s].to_le_bytes());
+        }
         if format.offsets == Offsets::Stored {
-            let at = VEC_BYTES + 4 * lane;
+            let at = LANES * format.scale_width() + 4 * lane;
             record[at..at + 4].copy_from_slice(&rc.offsets[s].to_le_bytes());
         }
         let codes = &rc.codes[s * format.sub..][..format.sub];
@@ -434,10 +455,11 @@ fn copy_lane(format: Format, from: (&[u8], usize), to: (&mut [u8], usize)) {
     let ((src, sl), (dst, dl)) = (from, to);
     let rec = format.record_bytes();
     for (s, d) in src.chunks_exact(rec).zip(dst.chunks_exact_mut(rec)) {
-        let vecs = format.codes_at() / VEC_BYTES;
-        for v in 0..vecs {
-            let (a, b) = (v * VEC_BYTES + 4 * sl, v * VEC_BYTES + 4 * dl);
-            d[b..b + 4].copy_from_slice(&s[a..a + 4]);
+        let w = format.scale_width();
+        d[w * dl..w * (dl + 1)].copy_from_slice(&s[w * sl..w * (sl + 1)]);
+        if format.offsets == Offsets::Stored {
+            let at = LANES * w;
+            d[at + 4 * dl..at + 4 * (dl + 1)].copy_from_slice(&s[at + 4 * sl..at + 4 * (sl + 1)]);
         }
         let code_bytes = match format.codes {
             Codes::Bytes => format.sub,
@@ -482,10 +504,13 @@ fn decode_lane(format: Format, group: &[u8], lane: usize, out: &mut [f32]) {
         .chunks_exact(rec)
         .zip(out.chunks_exact_mut(format.sub))
     {
-        let scale = f32_at(record, 4 * lane);
+        let scale = match format.half_scales {
+            true => f16::from_le_bytes([record[2 * lane], record[2 * lane + 1]]).to_f32(),
+            false => f32_at(record, 4 * lane),
+        };
         let offset = match format.offsets {
             Offsets::Bias(_) => 0.0,
-            Offsets::Stored => f32_at(record, VEC_BYTES + 4 * lane),
+            Offsets::Stored => f32_at(record, LANES * 4 + 4 * lane),
         };
         for (e, o) in out.iter_mut().enumerate() {
             *o = format.weight(code_at(format, record, e, lane), scale, offset);

@@ -32,6 +32,8 @@ trait Lanes: Copy {
     unsafe fn zero() -> Self;
     /// Sixteen f32 at `p`.
     unsafe fn load(p: *const u8) -> Self;
+    /// Sixteen f16 at `p`, as f32.
+    unsafe fn load_half(p: *const u8) -> Self;
     /// `*p` in every lane.
     unsafe fn splat(p: *const f32) -> Self;
     /// `a · b`.
@@ -63,6 +65,10 @@ impl Lanes for Z {
     #[inline(always)]
     unsafe fn load(p: *const u8) -> Self {
         unsafe { Z(_mm512_loadu_ps(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn load_half(p: *const u8) -> Self {
+        unsafe { Z(_mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))) }
     }
     #[inline(always)]
     unsafe fn splat(p: *const f32) -> Self {
@@ -159,12 +165,19 @@ impl Y {
 impl Lanes for Y {
     #[inline(always)]
     unsafe fn zero() -> Self {
-        // SAFETY (all methods): the caller runs with AVX2 and FMA.
+        // SAFETY (all methods): the caller runs with AVX2, FMA and F16C.
         unsafe { Y(_mm256_setzero_ps(), _mm256_setzero_ps()) }
     }
     #[inline(always)]
     unsafe fn load(p: *const u8) -> Self {
         unsafe { Y(_mm256_loadu_ps(p.cast()), _mm256_loadu_ps(p.add(32).cast())) }
+    }
+    #[inline(always)]
+    unsafe fn load_half(p: *const u8) -> Self {
+        unsafe {
+            let lo = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
+            Y(lo, _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())))
+        }
     }
     #[inline(always)]
     unsafe fn splat(p: *const f32) -> Self {
@@ -265,6 +278,7 @@ unsafe fn tile<
     const FIFTH: bool,
     const BIAS: i32,
     const STORED: bool,
+    const HALF: bool,
 >(
     job: Job,
     out: &mut [[f32; LANES]],
@@ -283,7 +297,11 @@ unsafe fn tile<
         for s in 0..job.k / f.sub {
             for j in 0..NG {
                 rec[j] = job.groups.add(j * job.group_bytes + s * rec_bytes);
-                scale[j] = V::load(rec[j]);
+                scale[j] = if HALF {
+                    V::load_half(rec[j])
+                } else {
+                    V::load(rec[j])
+                };
                 if STORED {
                     offset[j] = V::load(rec[j].add(64));
                 }
@@ -347,30 +365,40 @@ macro_rules! entry {
             const FIFTH: bool,
             const BIAS: i32,
             const STORED: bool,
+            const HALF: bool,
         >(
             job: Job,
             out: &mut [[f32; LANES]],
         ) {
             // SAFETY: forwarded contract; the features are enabled here.
-            unsafe { tile::<$v, R, NG, BYTES, FIFTH, BIAS, STORED>(job, out) }
+            unsafe { tile::<$v, R, NG, BYTES, FIFTH, BIAS, STORED, HALF>(job, out) }
         }
     };
 }
 
-entry!(tile512, Z, "avx512f,avx512bw,avx512vl,avx2,fma");
-entry!(tile256, Y, "avx2,fma");
+entry!(tile512, Z, "avx512f,avx512bw,avx512vl,avx2,fma,f16c");
+entry!(tile256, Y, "avx2,fma,f16c");
 
 /// The tile of `rows` rows and `NG` groups for a format.
 macro_rules! pick {
     ($f:ident, $ng:literal, $format:expr, $rows:expr, $($r:literal)+) => {{
         use Codes::{Bytes, Nibbles};
         use Offsets::{Bias, Stored};
-        match ($format.codes, $format.offsets, $rows) {
-            $((Bytes, _, $r) => $f::<$r, $ng, true, false, 0, false> as TileFn,
-              (Nibbles { high_bit: false }, Bias(8), $r) => $f::<$r, $ng, false, false, 8, false>,
-              (Nibbles { high_bit: true }, Bias(16), $r) => $f::<$r, $ng, false, true, 16, false>,
-              (Nibbles { high_bit: false }, Stored, $r) => $f::<$r, $ng, false, false, 0, true>,
-              (Nibbles { high_bit: true }, Stored, $r) => $f::<$r, $ng, false, true, 0, true>,)+
+        match ($format.codes, $format.offsets, $format.half_scales, $rows) {
+            $((Bytes, _, true, $r) => $f::<$r, $ng, true, false, 0, false, true> as TileFn,
+              (Bytes, _, false, $r) => $f::<$r, $ng, true, false, 0, false, false>,
+              (Nibbles { high_bit: false }, Bias(8), true, $r) => {
+                  $f::<$r, $ng, false, false, 8, false, true>
+              }
+              (Nibbles { high_bit: true }, Bias(16), true, $r) => {
+                  $f::<$r, $ng, false, true, 16, false, true>
+              }
+              (Nibbles { high_bit: false }, Stored, false, $r) => {
+                  $f::<$r, $ng, false, false, 0, true, false>
+              }
+              (Nibbles { high_bit: true }, Stored, false, $r) => {
+                  $f::<$r, $ng, false, true, 0, true, false>
+              })+
             _ => unreachable!("a packed format and 1..=9 rows"),
         }
     }};
