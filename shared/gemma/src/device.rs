@@ -26,7 +26,7 @@ use crate::forward::block_len;
 use crate::head::TargetHead;
 use crate::launch::with_cached_layouts;
 use crate::loader::{self, TensorSource};
-use crate::model::{ForwardOptions, ForwardOutput, LogitsMode};
+use crate::model::{ForwardOptions, ForwardOutput, LogitsMode, Precision};
 use crate::names::{LayerTensor, Role};
 use crate::ops::Rope;
 
@@ -101,7 +101,8 @@ impl DeviceGemma3 {
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| load.layer(i))
             .collect::<Result<Vec<_>>>()?;
-        let head = TargetHead::read(cfg.clone(), src)?;
+        // The ggml layout: the GPU gets the head dequantized, the CPU embeds from it.
+        let head = TargetHead::read(cfg.clone(), src, Precision::Int8)?;
         let shape = (cfg.vocab_size, cfg.hidden_size);
         let lm_head = load.put(head.head().dequantize(), shape)?;
         let hd = cfg.head_dim;

@@ -14,7 +14,9 @@ use tandem_kernels::QMatrix;
 
 use crate::config::GemmaConfig;
 use crate::error::{GemmaError, Result};
+use crate::linear::Linear;
 use crate::loader::{self, TensorSource};
+use crate::model::Precision;
 use crate::names::Role;
 use crate::ops::softcap;
 
@@ -42,30 +44,37 @@ impl std::fmt::Display for TargetIdentity {
 #[derive(Debug, Clone)]
 pub struct TargetHead {
     cfg: GemmaConfig,
-    embed: Arc<QMatrix>,
-    lm_head: Option<Arc<QMatrix>>,
+    embed: Arc<Linear>,
+    lm_head: Option<Arc<Linear>>,
 }
 
 impl TargetHead {
     /// Reads the config and only the embedding (and `lm_head` when untied) of a `.gguf`
     /// file or an HF directory.
+    /// The weights keep their ggml layout ([`RestrictedHead::logits`] then uses 8-bit
+    /// activations).
     pub fn load(path: &Path) -> Result<Self> {
         let (src, cfg) = loader::open(path)?;
-        Self::read(cfg, src.as_ref())
+        Self::read(cfg, src.as_ref(), Precision::Int8)
     }
 
-    /// Reads the embedding (and `lm_head` when untied) of `cfg`'s model from `src`.
-    pub(crate) fn read(cfg: GemmaConfig, src: &dyn TensorSource) -> Result<Self> {
+    /// Reads the embedding (and `lm_head` when untied) of `cfg`'s model from `src`, in the
+    /// layout `precision` computes with (see [`Linear`]).
+    pub(crate) fn read(
+        cfg: GemmaConfig,
+        src: &dyn TensorSource,
+        precision: Precision,
+    ) -> Result<Self> {
         let mat = |role: Role| {
             let shape = role.shape(&cfg);
-            src.matrix(role, shape[0], shape[1]).map(Arc::new)
+            Linear::new(src.matrix(role, shape[0], shape[1])?, precision).map(Arc::new)
         };
         let embed = mat(Role::Embed)?;
         let lm_head = match cfg.tie_word_embeddings {
             true => None,
             false => Some(mat(Role::LmHead)?),
         };
-        Self::new(cfg, embed, lm_head)
+        Self::with_layout(cfg, embed, lm_head)
     }
 
     /// A head from its parts; `embed` (and `lm_head`) must be `vocab_size × hidden_size`.
@@ -73,6 +82,15 @@ impl TargetHead {
         cfg: GemmaConfig,
         embed: Arc<QMatrix>,
         lm_head: Option<Arc<QMatrix>>,
+    ) -> Result<Self> {
+        let ggml = |m: Arc<QMatrix>| Arc::new(Linear::Ggml(Arc::unwrap_or_clone(m)));
+        Self::with_layout(cfg, ggml(embed), lm_head.map(ggml))
+    }
+
+    fn with_layout(
+        cfg: GemmaConfig,
+        embed: Arc<Linear>,
+        lm_head: Option<Arc<Linear>>,
     ) -> Result<Self> {
         let want = [cfg.vocab_size, cfg.hidden_size];
         for (name, m) in
@@ -119,7 +137,7 @@ impl TargetHead {
     }
 
     /// The output head matrix (`lm_head`, or the embedding when tied).
-    pub(crate) fn head(&self) -> &Arc<QMatrix> {
+    pub(crate) fn head(&self) -> &Arc<Linear> {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
@@ -203,7 +221,7 @@ impl TargetHead {
 /// The target head restricted to a list of token ids: row `i` scores `ids[i]`.
 #[derive(Debug, Clone)]
 pub struct RestrictedHead {
-    rows: Arc<QMatrix>,
+    rows: Arc<Linear>,
     ids: Vec<u32>,
     softcap: Option<f32>,
 }
@@ -226,10 +244,10 @@ impl RestrictedHead {
 
     /// Logits `[m, len]` of `m` f32 hidden rows (`m × hidden`, already final-normed), with
     /// the target's final soft-capping. 8-bit activations (`QMatrix::matmul`): measured
-    /// faster than the exact product for drafting blocks, and deterministic.
+    /// faster than the exact product for drafting blocks, and deterministic; exact where
+    /// the head was packed for an `exact` target's lane kernels (shared with it).
     pub fn logits(&self, hidden: &[f32], m: usize) -> Result<Vec<f32>> {
-        let mut out = vec![0f32; m * self.len()];
-        self.rows.matmul(hidden, m, &mut out)?;
+        let mut out = self.rows.matmul(Precision::Int8, hidden, m)?;
         if let Some(cap) = self.softcap {
             softcap(&mut out, cap);
         }

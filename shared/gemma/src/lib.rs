@@ -24,6 +24,7 @@ mod gguf_config;
 mod head;
 mod kv_cache;
 mod launch;
+mod linear;
 mod loader;
 mod model;
 mod names;

@@ -9,13 +9,13 @@
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
-use tandem_kernels::{LaneMatrix, QMatrix};
 
 use crate::attention::{attend, AttnSpec};
 use crate::config::GemmaConfig;
 use crate::error::{GemmaError, Result};
 use crate::head::TargetHead;
 use crate::kv_cache::KvCache;
+use crate::linear::Linear;
 use crate::loader::{self, TensorSource};
 use crate::names::{LayerTensor, Role};
 use crate::ops::{gelu_tanh_mul, rms_norm, rms_norm_rows, softcap, Rope};
@@ -70,23 +70,6 @@ pub struct ForwardOutput {
     pub taps: Vec<Tensor>,
     /// `[m, hidden]` f32: the final-norm output of every block position.
     pub last_hidden: Tensor,
-}
-
-/// A layer's weight matrix: in `exact` precision a quantized one is repacked for the
-/// lane kernels (`tandem_kernels::LaneMatrix`: one FMA chain per output, the same bits
-/// on every CPU); `int8` and unquantized weights keep their ggml layout.
-enum Linear {
-    Ggml(QMatrix),
-    Lanes(LaneMatrix),
-}
-
-impl Linear {
-    fn new(w: QMatrix, precision: Precision) -> Result<Self> {
-        Ok(match (precision, w.qtype().block_size()) {
-            (Precision::Exact, 2..) => Linear::Lanes(LaneMatrix::pack(&w)?),
-            _ => Linear::Ggml(w),
-        })
-    }
 }
 
 struct Layer {
@@ -158,7 +141,7 @@ impl Gemma3 {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let head = TargetHead::read(cfg.clone(), src)?;
+        let head = TargetHead::read(cfg.clone(), src, precision)?;
         let final_norm = vec(Role::FinalNorm)?;
         let hd = cfg.head_dim;
         let factor = cfg.rope_scaling.as_ref().map_or(1.0, |s| s.factor);
@@ -179,23 +162,7 @@ impl Gemma3 {
     }
 
     fn linear(&self, w: &Linear, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        match w {
-            Linear::Ggml(w) => self.matmul(w, x, m),
-            Linear::Lanes(w) => {
-                let mut out = vec![0f32; m * w.n()];
-                w.matmul(x, m, &mut out)?;
-                Ok(out)
-            }
-        }
-    }
-
-    fn matmul(&self, w: &QMatrix, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        let mut out = vec![0f32; m * w.n()];
-        match self.precision {
-            Precision::Exact => w.matmul_exact(x, m, &mut out)?,
-            Precision::Int8 => w.matmul(x, m, &mut out)?,
-        }
-        Ok(out)
+        w.matmul(self.precision, x, m)
     }
 
     /// The model's configuration.
@@ -302,7 +269,7 @@ impl Gemma3 {
     }
 
     fn logits(&self, normed: &[f32], rows: usize) -> Result<Tensor> {
-        let mut out = self.matmul(self.head.head(), normed, rows)?;
+        let mut out = self.linear(self.head.head(), normed, rows)?;
         if let Some(cap) = self.cfg.final_logit_softcapping {
             softcap(&mut out, cap as f32);
         }

@@ -40,7 +40,7 @@ fn identity_survives_hf_export_and_separates_targets() {
 }
 
 /// The standalone head, the model's shared head and the model itself agree: embeddings,
-/// logits of restricted rows, and dense rows.
+/// logits of restricted rows, dense rows and identity.
 #[test]
 fn head_matches_the_model() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -73,4 +73,27 @@ fn head_matches_the_model() {
     let dense = head.dense_rows(&ids).expect("dense");
     assert_eq!(dense.dims(), &[4, 32]);
     assert!(head.restrict(&[96]).is_err());
+    // The `exact` model's head is lane-packed: same identity and dense rows, and its
+    // restricted rows score exactly like the same rows of the full head.
+    assert_eq!(shared.identity().expect("id"), head.identity().expect("id"));
+    let shared_dense = shared.dense_rows(&ids).expect("dense");
+    let values = |t: candle_core::Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>());
+    assert_eq!(
+        bits(&values(shared_dense).expect("values")),
+        bits(&values(dense).expect("values"))
+    );
+    let all = shared.full().logits(&x, 2).expect("logits");
+    let some = shared
+        .restrict(&ids)
+        .expect("restrict")
+        .logits(&x, 2)
+        .expect("logits");
+    for m in 0..2 {
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(
+                some[m * 4 + i].to_bits(),
+                all[m * 96 + *id as usize].to_bits()
+            );
+        }
+    }
 }
