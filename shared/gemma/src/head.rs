@@ -247,7 +247,7 @@ impl RestrictedHead {
     /// faster than the exact product for drafting blocks, and deterministic; exact where
     /// the head was packed for an `exact` target's lane kernels (shared with it).
     pub fn logits(&self, hidden: &[f32], m: usize) -> Result<Vec<f32>> {
-        let mut out = self.rows.matmul(Precision::Int8, hidden, m)?;
+        let mut out = self.rows.matmul(hidden, m)?;
         if let Some(cap) = self.softcap {
             softcap(&mut out, cap);
         }

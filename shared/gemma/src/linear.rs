@@ -40,14 +40,13 @@ impl Linear {
         }
     }
 
-    /// `x · Wᵀ` for `m` rows: a ggml matrix with `precision`'s activations, a lane
-    /// matrix exactly (it exists only for `exact`).
-    pub(crate) fn matmul(&self, precision: Precision, x: &[f32], m: usize) -> Result<Vec<f32>> {
+    /// `x · Wᵀ` for `m` rows: exact for a lane matrix and an unquantized one, with
+    /// 8-bit activations for a quantized ggml one (`int8`).
+    pub(crate) fn matmul(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
         let mut out = vec![0f32; m * self.n()];
-        match (self, precision) {
-            (Linear::Ggml(w), Precision::Exact) => w.matmul_exact(x, m, &mut out)?,
-            (Linear::Ggml(w), Precision::Int8) => w.matmul(x, m, &mut out)?,
-            (Linear::Lanes(w), _) => w.matmul(x, m, &mut out)?,
+        match self {
+            Linear::Ggml(w) => w.matmul(x, m, &mut out)?,
+            Linear::Lanes(w) => w.matmul(x, m, &mut out)?,
         }
         Ok(out)
     }

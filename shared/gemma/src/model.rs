@@ -161,10 +161,6 @@ impl Gemma3 {
         self.precision
     }
 
-    fn linear(&self, w: &Linear, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        w.matmul(self.precision, x, m)
-    }
-
     /// The model's configuration.
     pub fn config(&self) -> &GemmaConfig {
         &self.cfg
@@ -269,7 +265,7 @@ impl Gemma3 {
     }
 
     fn logits(&self, normed: &[f32], rows: usize) -> Result<Tensor> {
-        let mut out = self.linear(self.head.head(), normed, rows)?;
+        let mut out = self.head.head().matmul(normed, rows)?;
         if let Some(cap) = self.cfg.final_logit_softcapping {
             softcap(&mut out, cap as f32);
         }
@@ -292,9 +288,9 @@ impl Gemma3 {
         let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps as f32);
         let m = x.len() / h;
         let normed = rms_norm(x, &l.attn_norm, eps);
-        let mut q = self.linear(&l.q, &normed, m)?;
-        let mut k = self.linear(&l.k, &normed, m)?;
-        let v = self.linear(&l.v, &normed, m)?;
+        let mut q = l.q.matmul(&normed, m)?;
+        let mut k = l.k.matmul(&normed, m)?;
+        let v = l.v.matmul(&normed, m)?;
         rms_norm_rows(&mut q, &l.q_norm, eps);
         rms_norm_rows(&mut k, &l.k_norm, eps);
         let rope = if l.sliding {
@@ -323,15 +319,15 @@ impl Gemma3 {
             softcap: cfg.attn_logit_softcapping.map(|c| c as f32),
         };
         let attn = attend(&q, &kv.k, &kv.v, spec);
-        let mut o = self.linear(&l.o, &attn, m)?;
+        let mut o = l.o.matmul(&attn, m)?;
         rms_norm_rows(&mut o, &l.post_attn_norm, eps);
         x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
 
         let normed = rms_norm(x, &l.pre_ffn_norm, eps);
-        let mut gate = self.linear(&l.gate, &normed, m)?;
-        let up = self.linear(&l.up, &normed, m)?;
+        let mut gate = l.gate.matmul(&normed, m)?;
+        let up = l.up.matmul(&normed, m)?;
         gelu_tanh_mul(&mut gate, &up);
-        let mut down = self.linear(&l.down, &gate, m)?;
+        let mut down = l.down.matmul(&gate, m)?;
         rms_norm_rows(&mut down, &l.post_ffn_norm, eps);
         x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
         Ok(())

@@ -1,7 +1,8 @@
 //! Matmul benchmarks at Gemma 3 270M shapes, M = 1 (decode) and M = 9
 //! (speculative verification), of `matmul` (8-bit activations) and
-//! `matmul_exact` (f32 activations), followed by a table of median times
-//! and the exact / 8-bit cost ratio.
+//! the exact product (f32 activations: `LaneMatrix::matmul` for quantized
+//! weights, `matmul` for F32 / F16), followed by a table of median times and
+//! the exact / 8-bit cost ratio.
 //!
 //! The criterion runs and the "hot" columns reuse one matrix, which then
 //! sits in cache. The "cold" columns cycle through enough copies of it
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
 use half::f16;
-use tandem_kernels::{QMatrix, QType};
+use tandem_kernels::{LaneMatrix, QMatrix, QType};
 
 /// `(n, k)` projection shapes of Gemma 3 270M (hidden 640, MLP 2048).
 const SHAPES: [(usize, usize); 3] = [(640, 640), (2048, 640), (640, 2048)];
@@ -80,9 +81,26 @@ fn cases() -> Vec<(QType, usize, usize)> {
     cases
 }
 
+/// A matrix in ggml layout, and in lane layout when quantized.
+#[derive(Clone)]
+struct Weights {
+    q: QMatrix,
+    lanes: Option<LaneMatrix>,
+}
+
+impl Weights {
+    fn new(q: QMatrix) -> Self {
+        let lanes = (q.qtype().block_size() > 1).then(|| match LaneMatrix::pack(&q) {
+            Ok(l) => l,
+            Err(e) => panic!("lane layout: {e}"),
+        });
+        Weights { q, lanes }
+    }
+}
+
 struct Case {
     name: String,
-    w: QMatrix,
+    w: Weights,
     x: Vec<f32>,
     out: Vec<f32>,
 }
@@ -93,7 +111,7 @@ fn prepare(rng: &mut XorShift) -> Vec<Case> {
         .into_iter()
         .map(|(q, n, k)| Case {
             name: format!("{q:?} {n}x{k}"),
-            w: matrix(q, n, k, rng),
+            w: Weights::new(matrix(q, n, k, rng)),
             x: (0..max_m * k).map(|_| rng.unit()).collect(),
             out: vec![0f32; max_m * n],
         })
@@ -105,16 +123,16 @@ fn prepare(rng: &mut XorShift) -> Vec<Case> {
 enum Path {
     /// `matmul`: activations quantized to 8 bits.
     Int8,
-    /// `matmul_exact`: f32 activations.
+    /// The exact product: f32 activations.
     Exact,
 }
 
-fn run(w: &QMatrix, case: &mut Case, path: Path, m: usize) {
-    let (k, n) = (w.k(), w.n());
+fn run(w: &Weights, case: &mut Case, path: Path, m: usize) {
+    let (k, n) = (w.q.k(), w.q.n());
     let (x, out) = (black_box(&case.x[..m * k]), &mut case.out[..m * n]);
-    let result = match path {
-        Path::Int8 => w.matmul(x, m, out),
-        Path::Exact => w.matmul_exact(x, m, out),
+    let result = match (path, &w.lanes) {
+        (Path::Exact, Some(lanes)) => lanes.matmul(x, m, out),
+        _ => w.q.matmul(x, m, out),
     };
     if let Err(e) = result {
         panic!("{}: {e}", case.name);
@@ -124,7 +142,7 @@ fn run(w: &QMatrix, case: &mut Case, path: Path, m: usize) {
 
 /// Median wall time of one call, over at least 0.4 s and 5 calls, cycling
 /// through `copies` of the case's matrix (just the matrix itself if empty).
-fn median_time(case: &mut Case, copies: &[QMatrix], path: Path, m: usize) -> Duration {
+fn median_time(case: &mut Case, copies: &[Weights], path: Path, m: usize) -> Duration {
     let w = case.w.clone();
     let pick = |i: usize| copies.get(i % copies.len().max(1)).unwrap_or(&w);
     run(pick(0), case, path, m);
@@ -174,8 +192,8 @@ fn main() {
         "weights n x k", "heat", "int8 M=1", "exact M=1", "ratio", "int8 M=9", "exact M=9", "ratio"
     );
     for case in &mut cases {
-        let count = COLD_BYTES / case.w.as_bytes().len();
-        let copies: Vec<QMatrix> = (0..count).map(|_| case.w.clone()).collect();
+        let count = COLD_BYTES / case.w.q.as_bytes().len();
+        let copies: Vec<Weights> = (0..count).map(|_| case.w.clone()).collect();
         for (heat, copies) in [("hot", &[][..]), ("cold", &copies[..])] {
             let [[i1, e1], [i9, e9]] = BATCHES.map(|m| {
                 [Path::Int8, Path::Exact]

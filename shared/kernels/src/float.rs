@@ -1,11 +1,9 @@
 //! f32 activations: the kernels of [`crate::QMatrix::matmul`] for F32 / F16
-//! weights, and of [`crate::QMatrix::matmul_exact`] for every type.
+//! weights.
 //!
-//! The portable path dequantizes each weight row once with
-//! [`crate::dequant::dequantize_row`] (F32 / F16 rows are just widened) and
-//! dots it with every activation row. On AVX2, F32 / F16 rows are read in
-//! place, and `exact_avx2` hands panels of rows it has dequantized to
-//! `panel_avx2`. Either way, for one (activation row, output row) pair the
+//! The portable path widens each weight row once and dots it with every
+//! activation row; on AVX2 the rows are read in place. Either way, for one
+//! (activation row, output row) pair the
 //! arithmetic depends on `k` and the [`crate::Isa`] only:
 //!
 //! * AVX2: per pair, four 8-lane f32 accumulators take consecutive chunks of
@@ -41,7 +39,7 @@ pub(crate) fn rows_scalar(qtype: QType, w: &[u8], k: usize, x: &[f32], outs: &mu
     let mut row = vec![0f32; k];
     let row_bytes = k / qtype.block_size() * qtype.block_bytes();
     for (j, wrow) in w.chunks_exact(row_bytes).enumerate() {
-        crate::dequant::dequantize_row(qtype, wrow, &mut row);
+        decode_row(qtype, wrow, &mut row);
         for (out, xr) in outs.iter_mut().zip(x.chunks_exact(k)) {
             out[j] = row.iter().zip(xr).fold(0f32, |acc, (&w, &x)| acc + w * x);
         }

@@ -55,39 +55,17 @@
 //! bit-identical to [`Isa::Scalar`]; everything else it runs as
 //! [`Isa::AvxVnni`].
 //!
-//! # Exact mode
-//!
-//! [`QMatrix::matmul_exact`] skips the activation quantization: every weight
-//! is dequantized to f32 exactly as [`QMatrix::dequantize_row`] does (the
-//! AVX2 block decoder is bit-identical to the portable dequantizer) and
-//! multiplied with the f32 activations, accumulated in f32. The arithmetic
-//! per (activation row, output row) pair is that of an F32 weight row, so
-//! the result equals, bit for bit, `matmul` over an F32 matrix holding
-//! [`QMatrix::dequantize`] on the same [`Isa`], and the batch invariance
-//! argument above applies unchanged: on AVX2 each pair feeds four fixed
-//! 8-lane accumulators in increasing `k` order (chunk `c` of eight elements
-//! into accumulator `c % 4`) and sums them with one fixed tree; the portable
-//! path adds the products one by one in element order.
-//!
-//! Weight-stationary on AVX2: with up to three activation rows each weight
-//! block is decoded once, eight weights at a time, and FMA'd straight into
-//! the accumulators of every row; with more rows, small panels of weight
-//! rows are dequantized once into an aligned scratch buffer that register
-//! tiles then sweep, one accumulator chain at a time. Where AVX-512F and VL
-//! exist, the same per-pair arithmetic runs in 512-bit registers (two 8-lane
-//! chains per register): decoding sixteen weights at a time for up to nine
-//! rows whose activations fit in L1, and two activation rows per register
-//! in the panel sweep. Which path runs depends on the shape and the CPU only
-//! and cannot change a result (a proptest runs every path on the same inputs
-//! and compares the bits). The portable path dequantizes each weight row
-//! once per call.
-//!
-//! # Lane layout
+//! # Exact products: the lane layout
 //!
 //! [`LaneMatrix`] repacks a quantized matrix so that SIMD lanes hold output
-//! rows; its exact product runs one f32 FMA chain per (activation row,
-//! output) over `k` in order, the same bits on every implementation (see
-//! its module docs).
+//! rows and multiplies f32 activations with its weights dequantized exactly
+//! (the values of [`QMatrix::dequantize_row`]): one f32 FMA chain per
+//! (activation row, output) over `k` in order, batch invariant by
+//! construction and the same bits on every implementation (see its module
+//! docs). F32 and F16 matrices need no repacking: [`QMatrix::matmul`] runs
+//! them on the f32 activations, four 8-lane FMA chains per pair on AVX2
+//! (chunk `c` of eight elements into chain `c % 4`, one fixed final sum) and
+//! products added in element order on the portable path.
 //!
 //! # Instruction sets
 //!
@@ -99,17 +77,14 @@
 //! caps what [`Isa::detect`] picks for the whole process (so that machines
 //! of different CPUs compute the same bits).
 
-mod aligned;
 #[cfg(target_arch = "x86_64")]
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod block_types;
 mod dequant;
-#[cfg(target_arch = "x86_64")]
-mod dequant_avx2;
 mod error;
-#[cfg(target_arch = "x86_64")]
-mod exact_avx2;
 mod float;
 mod isa;
 mod kquants;
@@ -121,10 +96,6 @@ mod lanes;
 #[cfg(target_arch = "x86_64")]
 mod lanes_x86;
 mod matrix;
-#[cfg(target_arch = "x86_64")]
-mod panel_avx2;
-#[cfg(target_arch = "x86_64")]
-mod panel_avx512;
 mod q8;
 #[cfg(target_arch = "x86_64")]
 mod q8_amx;

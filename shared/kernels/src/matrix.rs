@@ -2,21 +2,6 @@
 
 use rayon::prelude::*;
 
-use crate::aligned::AlignedRows;
-
-#[cfg(target_arch = "x86_64")]
-use crate::panel_avx512::Paired;
-
-/// Elsewhere nothing is ever paired.
-#[cfg(not(target_arch = "x86_64"))]
-enum Paired {}
-
-#[cfg(not(target_arch = "x86_64"))]
-impl Paired {
-    fn for_exact(_: Isa, _: QType, _: &[f32], _: usize, _: usize) -> Option<Self> {
-        None
-    }
-}
 use crate::quantize::{Q8KActs, Q8_0Acts};
 use crate::{dequant, float, kquants, q8, Isa, KernelError, QType};
 
@@ -41,9 +26,8 @@ pub struct QMatrix {
 
 /// Activations prepared for one matmul.
 enum Acts<'a> {
-    /// Unquantized: F32 / F16 weights, or any weights in exact mode, with
-    /// the rows already paired for the AVX-512 panel kernel when it runs.
-    F32(&'a [f32], Option<Paired>),
+    /// Unquantized (F32 / F16) weights: the f32 activations themselves.
+    F32(&'a [f32]),
     Q8_0(Q8_0Acts),
     /// Q8_0 activations packed for the AMX tiles.
     #[cfg(target_arch = "x86_64")]
@@ -125,48 +109,13 @@ impl QMatrix {
         }
         let k = self.k;
         let acts = match self.qtype {
-            QType::F32 | QType::F16 => Acts::F32(x, None),
+            QType::F32 | QType::F16 => Acts::F32(x),
             QType::Q4_0 | QType::Q5_0 | QType::Q8_0 => q8_0_acts(isa, x, m, k),
             QType::Q4_K | QType::Q5_K | QType::Q6_K | QType::Q8_K => {
                 Acts::Q8K(Q8KActs::quantize(x, m, k))
             }
         };
         self.run(isa, &acts, m, out);
-        Ok(())
-    }
-
-    /// `out = x · Wᵀ` with f32 activations: each weight is dequantized
-    /// bit-identically to [`QMatrix::dequantize_row`] and the products are
-    /// accumulated in f32, so the result is an f32 matmul over the
-    /// dequantized matrix (bit for bit what [`QMatrix::matmul`] gives for an
-    /// [`QType::F32`] matrix holding [`QMatrix::dequantize`]). Slower than
-    /// [`QMatrix::matmul`] for quantized types, without its 8-bit activation
-    /// rounding. For F32 / F16 weights the two are the same. Batch invariant
-    /// like [`QMatrix::matmul`].
-    pub fn matmul_exact(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
-        self.matmul_exact_with(Isa::detect(), x, m, out)
-    }
-
-    /// [`QMatrix::matmul_exact`] on a chosen implementation
-    /// ([`Isa::AvxVnni`] and [`Isa::Amx`] run the [`Isa::Avx2`] code).
-    pub fn matmul_exact_with(
-        &self,
-        isa: Isa,
-        x: &[f32],
-        m: usize,
-        out: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.check_call(isa, x, m, out)?;
-        if m > 0 {
-            let x = AlignedRows::new(x);
-            let x = x.as_slice();
-            self.run(
-                isa,
-                &Acts::F32(x, Paired::for_exact(isa, self.qtype, x, m, self.k)),
-                m,
-                out,
-            );
-        }
         Ok(())
     }
 
@@ -225,9 +174,7 @@ impl QMatrix {
             // detection (`available`, `handles`) succeeded.
             unsafe {
                 match acts {
-                    Acts::F32(x, paired) => {
-                        crate::exact_avx2::rows_avx2(q, w, k, x, paired.as_ref(), outs)
-                    }
+                    Acts::F32(x) => crate::float::rows_avx2(q, w, k, x, outs),
                     Acts::Q8_0Tiles(a) => crate::q8_amx::rows(q, w, k, a, outs),
                     Acts::Q8_0(a) if isa == Isa::AvxVnni => {
                         if outs.len() >= 2 && crate::q8_avx512::available() {
@@ -255,7 +202,7 @@ impl QMatrix {
         }
         debug_assert_eq!(isa, Isa::Scalar);
         match acts {
-            Acts::F32(x, _) => float::rows_scalar(q, w, k, x, outs),
+            Acts::F32(x) => float::rows_scalar(q, w, k, x, outs),
             Acts::Q8_0(a) => q8::rows_scalar(q, w, k, a, outs),
             #[cfg(target_arch = "x86_64")]
             Acts::Q8_0Tiles(a) => q8::rows_scalar(q, w, k, a.acts(), outs),

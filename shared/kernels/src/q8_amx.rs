@@ -29,7 +29,7 @@ use std::arch::x86_64::*;
 
 use crate::amx::{self, Shape};
 use crate::avx512::{sum_row_pairs, transpose};
-use crate::dequant_avx2::block_bytes;
+use crate::block_types::block_bytes;
 use crate::q8_x86::{Q4_0, Q5_0, Q8_0};
 use crate::qtype::{QType, QK8_0};
 use crate::quantize::Q8_0Acts;

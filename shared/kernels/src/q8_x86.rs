@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::dequant_avx2::block_bytes;
+use crate::block_types::block_bytes;
 use crate::qtype::{QType, QK8_0};
 use crate::quantize::Q8_0Acts;
 use crate::simd::{load_u8x16, load_u8x32};

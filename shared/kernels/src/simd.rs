@@ -56,28 +56,6 @@ pub(crate) fn load_f32x8(s: &[f32]) -> __m256 {
     unsafe { _mm256_loadu_ps(s.as_ptr()) }
 }
 
-/// Sign-extends the eight bytes at the start of `s` (two's complement) and
-/// converts them to `f32` (exact).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn widen_i8x8(s: &[u8]) -> __m256 {
-    assert!(s.len() >= 8);
-    // SAFETY: `s` has at least 8 readable bytes and `loadl_epi64` has no
-    // alignment requirement.
-    let bytes = unsafe { _mm_loadl_epi64(s.as_ptr().cast()) };
-    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))
-}
-
-/// Stores 32 bytes at the start of `s` (unaligned).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn store_u8x32(s: &mut [u8], v: __m256i) {
-    assert!(s.len() >= 32);
-    // SAFETY: `s` has at least 32 writable bytes and `storeu` has no
-    // alignment requirement.
-    unsafe { _mm256_storeu_si256(s.as_mut_ptr().cast(), v) }
-}
-
 /// Stores 32 signed bytes at the start of `s` (unaligned).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -86,16 +64,6 @@ pub(crate) fn store_i8x32(s: &mut [i8], v: __m256i) {
     // SAFETY: `s` has at least 32 writable bytes and `storeu` has no
     // alignment requirement.
     unsafe { _mm256_storeu_si256(s.as_mut_ptr().cast(), v) }
-}
-
-/// Stores 8 `f32` at the start of `s` (unaligned).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn store_f32x8(s: &mut [f32], v: __m256) {
-    assert!(s.len() >= 8);
-    // SAFETY: `s` has at least 8 writable `f32` and `storeu` has no
-    // alignment requirement.
-    unsafe { _mm256_storeu_ps(s.as_mut_ptr(), v) }
 }
 
 /// Loads 8 little-endian `f32` from the start of the byte slice `s`.
@@ -122,15 +90,6 @@ pub(crate) fn load_f16x8_bytes(s: &[u8]) -> __m256 {
 pub(crate) fn f16_at(s: &[u8]) -> f32 {
     let bits = u16::from_le_bytes([s[0], s[1]]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-}
-
-/// The little-endian `f16` in `s[0..2]` converted to `f32` (exact) in all
-/// eight lanes. Unlike `_mm256_set1_ps(f16_at(s))` this writes whole
-/// registers, so it never waits on a register's previous value.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn f16_splat(s: &[u8]) -> __m256 {
-    _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes([s[0], s[1]])))
 }
 
 /// Sums the eight lanes in a fixed order: halves, then pairs, then the last

@@ -1,11 +1,11 @@
 //! The kernels on the real Gemma 3 270M weights (fetched by scripts/fetch-models.sh): for each
-//! storage type the model uses, `matmul` (8-bit activations) and `matmul_exact` (f32
-//! activations) against an f64 product of the dequantized weights.
+//! storage type the model uses, `matmul` (8-bit activations) and the exact `LaneMatrix`
+//! product (f32 activations) against an f64 product of the dequantized weights.
 
 use std::path::PathBuf;
 
 use candle_core::quantized::gguf_file;
-use tandem_kernels::{QMatrix, QType};
+use tandem_kernels::{LaneMatrix, QMatrix, QType};
 
 fn gguf_path() -> PathBuf {
     let dir = std::env::var_os("TANDEM_MODELS_DIR")
@@ -101,7 +101,8 @@ fn real_weight_types_match_the_f64_reference() {
         let mut out = vec![0f32; m * w.n()];
         w.matmul(&x, m, &mut out).expect("matmul");
         let int8 = worst_rel_error(&w, &x, m, &out);
-        w.matmul_exact(&x, m, &mut out).expect("matmul_exact");
+        let lanes = LaneMatrix::pack(&w).expect("quantized");
+        lanes.matmul(&x, m, &mut out).expect("lane matmul");
         let exact = worst_rel_error(&w, &x, m, &out);
         // 8-bit activations: a per-block rounding of up to half a step of amax/127;
         // f32 activations: only f32 summation error.

@@ -63,7 +63,7 @@ impl Weights {
 /// `x` (`m × w.k()`) times `wᵀ`, one row at a time in a fixed order.
 pub(crate) fn linear(w: &QMatrix, x: &[f32], m: usize) -> Result<Vec<f32>> {
     let mut out = vec![0f32; m * w.n()];
-    w.matmul_exact(x, m, &mut out)?;
+    w.matmul(x, m, &mut out)?;
     Ok(out)
 }
 

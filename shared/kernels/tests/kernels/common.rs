@@ -2,7 +2,7 @@
 //! independent f64 references.
 
 use half::f16;
-use tandem_kernels::{Isa, QMatrix, QType};
+use tandem_kernels::{Isa, LaneMatrix, QMatrix, QType};
 
 /// SplitMix64: small deterministic generator for test data.
 pub struct Rng(u64);
@@ -105,30 +105,22 @@ pub fn matmul(w: &QMatrix, isa: Isa, x: &[f32], m: usize) -> Vec<f32> {
     out
 }
 
-/// Runs `w.matmul_exact_with(isa, x, m)` into a fresh buffer.
-pub fn matmul_exact(w: &QMatrix, isa: Isa, x: &[f32], m: usize) -> Vec<f32> {
+/// The exact product: a quantized `w` repacked as a `LaneMatrix`, an
+/// unquantized one as it is (its `matmul` is exact), into a fresh buffer.
+pub fn exact(w: &QMatrix, isa: Isa, x: &[f32], m: usize) -> Vec<f32> {
+    if w.qtype().block_size() == 1 {
+        return matmul(w, isa, x, m);
+    }
+    let lanes = LaneMatrix::pack(w).expect("a quantized matrix packs");
     let mut out = vec![f32::NAN; m * w.n()];
-    if let Err(e) = w.matmul_exact_with(isa, x, m, &mut out) {
-        panic!("matmul_exact failed: {e}");
+    if let Err(e) = lanes.matmul_with(isa, x, m, &mut out) {
+        panic!("lane matmul failed: {e}");
     }
     out
 }
 
-/// A product under test: [`matmul`] or [`matmul_exact`].
+/// A product under test: [`matmul`] or [`exact`].
 pub type Product = fn(&QMatrix, Isa, &[f32], usize) -> Vec<f32>;
-
-/// An F32 matrix holding `w.dequantize()`.
-pub fn dequantized_f32(w: &QMatrix) -> QMatrix {
-    let bytes = w
-        .dequantize()
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
-    match QMatrix::new(QType::F32, w.n(), w.k(), bytes) {
-        Ok(f) => f,
-        Err(e) => panic!("f32 copy rejected: {e}"),
-    }
-}
 
 /// Block size of the activation quantization used for `qtype` weights
 /// (1 means unquantized).

@@ -1,16 +1,14 @@
-//! Batch invariance of `matmul` and `matmul_exact`: each output row's bits
+//! Batch invariance of `matmul` and the exact lane product: each output row's bits
 //! must not depend on how many other rows share the call, on how rows are
 //! grouped into calls, or on the number of threads.
 
 use proptest::prelude::*;
 use tandem_kernels::{Isa, QMatrix, QType};
 
-use crate::common::{
-    isas, matmul, matmul_exact, random_acts, random_k, random_matrix, Product, Rng,
-};
+use crate::common::{exact, isas, matmul, random_acts, random_k, random_matrix, Product, Rng};
 
 /// Both products, by name.
-const PRODUCTS: [(&str, Product); 2] = [("matmul", matmul), ("matmul_exact", matmul_exact)];
+const PRODUCTS: [(&str, Product); 2] = [("matmul", matmul), ("exact", exact)];
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()

@@ -1,10 +1,9 @@
-//! Integration tests of `tandem-kernels`: accuracy, exact mode, batch
-//! invariance, dequantization and error handling.
+//! Integration tests of `tandem-kernels`: accuracy, the exact lane layout,
+//! batch invariance, dequantization and error handling.
 
 mod common;
 mod dequant;
 mod errors;
-mod exact;
 mod invariance;
 mod lanes;
 mod matmul;
