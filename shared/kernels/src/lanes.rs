@@ -341,8 +341,9 @@ impl LaneMatrix {
     }
 
     /// [`LaneMatrix::matmul`] on a chosen implementation: [`Isa::Scalar`]
-    /// runs the portable loop, any other the AVX-512 tiles where the CPU has
-    /// AVX-512 F, else the AVX2 ones.
+    /// runs the portable loop, any other the 512-bit tiles where the CPU has
+    /// AVX-512 F and BW and the process is not capped at [`Isa::Avx2`]
+    /// ([`Isa::set_max`]), else the 256-bit ones. All give the same bits.
     pub fn matmul_with(
         &self,
         isa: Isa,
@@ -395,7 +396,7 @@ impl LaneMatrix {
     fn groups(&self, isa: Isa, x: &[f32], g0: usize, outs: &mut [&mut [f32]]) {
         #[cfg(target_arch = "x86_64")]
         if isa != Isa::Scalar {
-            crate::lanes_x86::groups(self, x, g0, outs);
+            crate::lanes_x86::groups(crate::lanes_x86::wide(), self, x, g0, outs);
             return;
         }
         debug_assert!(isa == Isa::Scalar || !cfg!(target_arch = "x86_64"));

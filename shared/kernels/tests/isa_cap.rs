@@ -2,7 +2,7 @@
 //! its implementation, for the whole process: a test binary of its own, since
 //! the cap is global.
 
-use tandem_kernels::{Isa, KernelError, QMatrix, QType};
+use tandem_kernels::{Isa, KernelError, LaneMatrix, QMatrix, QType};
 
 #[test]
 fn a_cap_holds_for_the_process_and_cannot_change() {
@@ -46,4 +46,16 @@ fn a_cap_holds_for_the_process_and_cannot_change() {
     w.matmul_with(cap, &x, m, &mut named).expect("named matmul");
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&capped), bits(&named));
+
+    // The exact lane product under the cap (256-bit tiles at most) gives the
+    // portable loop's bits.
+    let lanes = LaneMatrix::pack(&w).expect("quantized");
+    let (mut capped, mut portable) = (vec![0f32; m * n], vec![0f32; m * n]);
+    lanes
+        .matmul(&x, m, &mut capped)
+        .expect("capped lane matmul");
+    lanes
+        .matmul_with(Isa::Scalar, &x, m, &mut portable)
+        .expect("portable lane matmul");
+    assert_eq!(bits(&capped), bits(&portable));
 }
