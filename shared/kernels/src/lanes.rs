@@ -150,7 +150,7 @@ impl Format {
     }
 }
 
-/// One cache line of packed bytes (keeps records 64-byte aligned).
+/// One cache line of packed bytes (the buffer starts on a 64-byte boundary).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Line([u8; 64]);
