@@ -51,6 +51,7 @@ pub struct TargetHead {
 impl TargetHead {
     /// Reads the config and only the embedding (and `lm_head` when untied) of a `.gguf`
     /// file or an HF directory.
+    ///
     /// The weights keep their ggml layout ([`RestrictedHead::logits`] then uses 8-bit
     /// activations).
     pub fn load(path: &Path) -> Result<Self> {

@@ -36,7 +36,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::kquants::decode_superblock;
-use crate::matrix::check_len;
+use crate::matrix::{check_call, check_len};
 use crate::q8::decode_block;
 use crate::qtype::{QK8_0, QK_K};
 use crate::{Isa, KernelError, QMatrix, QType};
@@ -351,11 +351,7 @@ impl LaneMatrix {
         m: usize,
         out: &mut [f32],
     ) -> Result<(), KernelError> {
-        if !isa.is_available() {
-            return Err(KernelError::IsaUnavailable(isa));
-        }
-        check_len("activations", x.len(), m.checked_mul(self.k))?;
-        check_len("output", out.len(), m.checked_mul(self.n))?;
+        check_call(isa, (x, m, self.k), (out, self.n))?;
         if m == 0 {
             return Ok(());
         }

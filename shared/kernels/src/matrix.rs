@@ -103,7 +103,7 @@ impl QMatrix {
         m: usize,
         out: &mut [f32],
     ) -> Result<(), KernelError> {
-        self.check_call(isa, x, m, out)?;
+        check_call(isa, (x, m, self.k), (out, self.n))?;
         if m == 0 {
             return Ok(());
         }
@@ -117,15 +117,6 @@ impl QMatrix {
         };
         self.run(isa, &acts, m, out);
         Ok(())
-    }
-
-    /// Validates the implementation and the buffer sizes of a matmul call.
-    fn check_call(&self, isa: Isa, x: &[f32], m: usize, out: &[f32]) -> Result<(), KernelError> {
-        if !isa.is_available() {
-            return Err(KernelError::IsaUnavailable(isa));
-        }
-        check_len("activations", x.len(), m.checked_mul(self.k))?;
-        check_len("output", out.len(), m.checked_mul(self.n))
     }
 
     /// Splits the output rows between threads (or runs on the calling thread
@@ -259,6 +250,20 @@ fn q8_0_acts<'a>(isa: Isa, x: &[f32], m: usize, k: usize) -> Acts<'a> {
         return Acts::Q8_0Tiles(crate::q8_amx::Packed::new(acts, m, k));
     }
     Acts::Q8_0(Q8_0Acts::quantize(x, m, k, isa == Isa::AvxVnni))
+}
+
+/// Validates the implementation and the buffer sizes of a matmul call: `m`
+/// activation rows of `k` in `x`, `m` output rows of `n` in `out`.
+pub(crate) fn check_call(
+    isa: Isa,
+    (x, m, k): (&[f32], usize, usize),
+    (out, n): (&[f32], usize),
+) -> Result<(), KernelError> {
+    if !isa.is_available() {
+        return Err(KernelError::IsaUnavailable(isa));
+    }
+    check_len("activations", x.len(), m.checked_mul(k))?;
+    check_len("output", out.len(), m.checked_mul(n))
 }
 
 pub(crate) fn check_len(
