@@ -101,15 +101,10 @@ impl SparseDist {
     }
 }
 
-/// Index of the largest logit; ties go to the lowest id.
+/// Index of the largest logit; ties go to the lowest id (the rule of
+/// [`tandem_kernels::first_max`], which the exact head's screened argmaxes follow too).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in logits.iter().enumerate() {
-        if *v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
+    tandem_kernels::first_max(logits)
 }
 
 /// The distribution `params` makes of `logits` (for greedy: all mass on the argmax).

@@ -68,6 +68,17 @@ pub enum KernelError {
     /// Only quantized matrices can be repacked into a [`crate::LaneMatrix`].
     #[error("a {0:?} matrix is not quantized: only quantized types have a lane layout")]
     NotQuantized(QType),
+    /// [`crate::ArgmaxScreen`] needs Q8_0 weights with finite scales.
+    #[error("an argmax screen needs Q8_0 weights with finite scales, got {0:?}")]
+    NoScreen(QType),
+    /// An [`crate::ArgmaxScreen`] used with a matrix of another shape.
+    #[error("an argmax screen of a {screen:?} matrix used with a {matrix:?} one")]
+    ScreenShape {
+        /// `(n, k)` the screen was built for.
+        screen: (usize, usize),
+        /// `(n, k)` of the matrix passed.
+        matrix: (usize, usize),
+    },
     /// The requested instruction set is not supported by this CPU.
     #[error("instruction set {0:?} is not available on this CPU")]
     IsaUnavailable(Isa),

@@ -494,7 +494,7 @@ fn code_at(format: Format, record: &[u8], e: usize, lane: usize) -> i16 {
 }
 
 /// Dequantizes lane `lane` of a group's records into `out` (`k` values).
-fn decode_lane(format: Format, group: &[u8], lane: usize, out: &mut [f32]) {
+pub(crate) fn decode_lane(format: Format, group: &[u8], lane: usize, out: &mut [f32]) {
     let rec = format.record_bytes();
     let f32_at = |r: &[u8], at: usize| f32::from_le_bytes([r[at], r[at + 1], r[at + 2], r[at + 3]]);
     for (record, out) in group

@@ -107,6 +107,9 @@ mod qtype;
 mod quantize;
 #[cfg(target_arch = "x86_64")]
 mod quantize_avx2;
+mod screen;
+#[cfg(target_arch = "x86_64")]
+mod screen_x86;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 #[cfg(test)]
@@ -121,4 +124,5 @@ pub use isa::Isa;
 pub use lanes::LaneMatrix;
 pub use matrix::QMatrix;
 pub use qtype::QType;
+pub use screen::{first_max, ArgmaxScreen, Argmaxes};
 pub use vector::{dot, gelu_tanh_mul, rms_norm, rms_norm_rows, softmax_weights};

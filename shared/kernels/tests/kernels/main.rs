@@ -1,5 +1,5 @@
 //! Integration tests of `tandem-kernels`: accuracy, the exact lane layout,
-//! batch invariance, dequantization and error handling.
+//! batch invariance, dequantization, the argmax screen and error handling.
 
 mod common;
 mod dequant;
@@ -7,3 +7,4 @@ mod errors;
 mod invariance;
 mod lanes;
 mod matmul;
+mod screen;
