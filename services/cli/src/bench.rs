@@ -76,6 +76,9 @@ struct BlockCost {
     ms: f64,
     ms_per_token: f64,
     decode_steps: f64,
+    /// The same forward when only each row's argmax is read (greedy verification).
+    greedy_ms: f64,
+    greedy_decode_steps: f64,
 }
 
 #[derive(Serialize)]
@@ -172,20 +175,27 @@ fn block_costs(
     seq.forward(&ids[..a.context], 0, LogitsMode::None, &no_taps)?;
     let mut out = Vec::new();
     for &b in &a.blocks {
-        let mut times = Vec::new();
+        let (mut all, mut greedy) = (Vec::new(), Vec::new());
         for _ in 0..a.repeats.max(5) {
-            let block = &ids[a.context..a.context + b];
-            let t = Instant::now();
-            seq.forward(block, a.context, LogitsMode::All, &no_taps)?;
-            times.push(t.elapsed().as_secs_f64() * 1000.0);
-            seq.truncate(a.context)?;
+            for (mode, times) in [
+                (LogitsMode::All, &mut all),
+                (LogitsMode::Argmax, &mut greedy),
+            ] {
+                let block = &ids[a.context..a.context + b];
+                let t = Instant::now();
+                seq.forward(block, a.context, mode, &no_taps)?;
+                times.push(t.elapsed().as_secs_f64() * 1000.0);
+                seq.truncate(a.context)?;
+            }
         }
-        let ms = median(times);
+        let (ms, greedy_ms) = (median(all), median(greedy));
         out.push(BlockCost {
             block: b,
             ms,
             ms_per_token: ms / b as f64,
             decode_steps: ms / step_ms,
+            greedy_ms,
+            greedy_decode_steps: greedy_ms / step_ms,
         });
     }
     Ok(out)
@@ -206,12 +216,15 @@ fn print_report(r: &TargetReport) {
         "decode ({} tok)      {:.1} tok/s ({:.1} ms/token)",
         r.decode_tokens, r.decode_tok_s, r.decode_ms_per_token
     );
-    println!("block forwards at context {} (all logits):", r.context);
-    println!("  block      ms   ms/token   decode steps");
+    println!(
+        "block forwards at context {} (all logits; greedy: argmaxes only):",
+        r.context
+    );
+    println!("  block      ms   ms/token   decode steps   greedy ms   greedy steps");
     for b in &r.blocks {
         println!(
-            "  {:>5} {:>7.1} {:>10.2} {:>14.2}",
-            b.block, b.ms, b.ms_per_token, b.decode_steps
+            "  {:>5} {:>7.1} {:>10.2} {:>14.2} {:>11.1} {:>14.2}",
+            b.block, b.ms, b.ms_per_token, b.decode_steps, b.greedy_ms, b.greedy_decode_steps
         );
     }
 }

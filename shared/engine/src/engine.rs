@@ -258,7 +258,11 @@ impl<'e> Generation<'e> {
         let mut block = vec![anchor];
         block.extend_from_slice(&draft.tokens);
         let t1 = Instant::now();
-        let out = self.forward(&block, n, LogitsMode::All)?;
+        let mode = match self.req.sampling.is_greedy() {
+            true => LogitsMode::Argmax,
+            false => LogitsMode::All,
+        };
+        let out = self.forward(&block, n, mode)?;
         let verdict = self.verify(&out, &draft)?;
         self.cache.truncate(n + verdict.accepted + 1)?;
         let verify_s = t1.elapsed().as_secs_f64();
@@ -280,11 +284,17 @@ impl<'e> Generation<'e> {
     /// Accepts a prefix of `draft` against the target logits of `out` and chooses the next
     /// token, with the request's sampling applied identically to plain decoding.
     fn verify(&mut self, out: &TargetStep, draft: &DraftBlock) -> Result<Verdict> {
+        let rows = draft.tokens.len() + 1;
+        if let Some(ids) = &out.argmax {
+            let ids = ids.get(..rows).ok_or_else(|| {
+                EngineError::InvalidRequest(format!("forward returned {} argmaxes", ids.len()))
+            })?;
+            return Ok(accept_greedy(&draft.tokens, ids));
+        }
         let logits = out
             .logits
             .as_ref()
             .ok_or_else(|| EngineError::InvalidRequest("forward returned no logits".into()))?;
-        let rows = draft.tokens.len() + 1;
         if self.req.sampling.is_greedy() {
             return Ok(accept_greedy(&draft.tokens, &greedy_tokens(logits, rows)?));
         }

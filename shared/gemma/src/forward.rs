@@ -171,8 +171,14 @@ fn concat_outputs(outs: Vec<ForwardOutput>) -> Result<ForwardOutput> {
         .collect::<Option<Vec<_>>>()
         .map(cat)
         .transpose()?;
+    let argmax = outs
+        .iter()
+        .map(|o| o.argmax.clone())
+        .collect::<Option<Vec<_>>>()
+        .map(|ids| ids.concat());
     Ok(ForwardOutput {
         logits,
+        argmax,
         taps,
         last_hidden: cat(outs.into_iter().map(|o| o.last_hidden).collect())?,
     })

@@ -24,6 +24,14 @@ impl Linear {
         })
     }
 
+    /// The lane-layout matrix, if this is one.
+    pub(crate) fn lanes(&self) -> Option<&LaneMatrix> {
+        match self {
+            Linear::Lanes(w) => Some(w),
+            Linear::Ggml(_) => None,
+        }
+    }
+
     /// Output rows.
     pub(crate) fn n(&self) -> usize {
         match self {

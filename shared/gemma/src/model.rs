@@ -9,6 +9,7 @@
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
+use tandem_kernels::{ArgmaxScreen, QType};
 
 use crate::attention::{attend, AttnSpec};
 use crate::config::GemmaConfig;
@@ -49,6 +50,11 @@ pub enum LogitsMode {
     Last,
     /// None (context-only forwards).
     None,
+    /// Every block position, of which only each row's first maximum is read
+    /// (greedy verification): [`ForwardOutput::argmax`] where the model can find it
+    /// without all logits (the CPU model in `exact` precision, through
+    /// `tandem_kernels::ArgmaxScreen`), else every row's logits as with [`LogitsMode::All`].
+    Argmax,
 }
 
 /// What a forward should return besides updating the cache.
@@ -66,6 +72,9 @@ pub struct ForwardOptions {
 pub struct ForwardOutput {
     /// `[rows, vocab]` f32 logits (`rows` = `m`, 1 or 0 by [`LogitsMode`]).
     pub logits: Option<Tensor>,
+    /// With [`LogitsMode::Argmax`], per block position the index of the first maximum of
+    /// its logits (which are then not returned), where the model computes it so.
+    pub argmax: Option<Vec<u32>>,
     /// One `[m, hidden]` f32 tensor per requested tap, in request order.
     pub taps: Vec<Tensor>,
     /// `[m, hidden]` f32: the final-norm output of every block position.
@@ -98,6 +107,9 @@ pub struct Gemma3 {
     rope_local: Rope,
     rope_global: Rope,
     precision: Precision,
+    /// Greedy rows' argmaxes without all logits: `exact` precision with a Q8_0 head, no
+    /// final soft-capping (which could tie distinct logits), and the CPU's screen kernel.
+    screen: Option<ArgmaxScreen>,
 }
 
 impl Gemma3 {
@@ -142,6 +154,12 @@ impl Gemma3 {
             })
             .collect::<Result<Vec<_>>>()?;
         let head = TargetHead::read(cfg.clone(), src, precision)?;
+        let screen = match (head.head().lanes(), cfg.final_logit_softcapping) {
+            (Some(w), None) if w.qtype() == QType::Q8_0 && ArgmaxScreen::available() => {
+                Some(ArgmaxScreen::new(w)?)
+            }
+            _ => None,
+        };
         let final_norm = vec(Role::FinalNorm)?;
         let hd = cfg.head_dim;
         let factor = cfg.rope_scaling.as_ref().map_or(1.0, |s| s.factor);
@@ -153,6 +171,7 @@ impl Gemma3 {
             layers,
             cfg,
             precision,
+            screen,
         })
     }
 
@@ -248,10 +267,11 @@ impl Gemma3 {
         cache.commit(m);
         let eps = self.cfg.rms_norm_eps as f32;
         let normed = rms_norm(&x, &self.final_norm, eps);
-        let logits = match opts.logits {
-            LogitsMode::All => Some(self.logits(&normed, m)?),
-            LogitsMode::Last => Some(self.logits(&normed[(m - 1) * h..], 1)?),
-            LogitsMode::None => None,
+        let (logits, argmax) = match opts.logits {
+            LogitsMode::All => (Some(self.logits(&normed, m)?), None),
+            LogitsMode::Last => (Some(self.logits(&normed[(m - 1) * h..], 1)?), None),
+            LogitsMode::Argmax => (None, Some(self.argmax(&normed, m)?)),
+            LogitsMode::None => (None, None),
         };
         let taps = taps
             .into_iter()
@@ -259,21 +279,39 @@ impl Gemma3 {
             .collect::<candle_core::Result<Vec<_>>>()?;
         Ok(ForwardOutput {
             logits,
+            argmax,
             taps,
             last_hidden: Tensor::from_vec(normed, (m, h), &Device::Cpu)?,
         })
     }
 
     fn logits(&self, normed: &[f32], rows: usize) -> Result<Tensor> {
+        Ok(Tensor::from_vec(
+            self.logits_vec(normed, rows)?,
+            (rows, self.cfg.vocab_size),
+            &Device::Cpu,
+        )?)
+    }
+
+    fn logits_vec(&self, normed: &[f32], rows: usize) -> Result<Vec<f32>> {
         let mut out = self.head.head().matmul(normed, rows)?;
         if let Some(cap) = self.cfg.final_logit_softcapping {
             softcap(&mut out, cap as f32);
         }
-        Ok(Tensor::from_vec(
-            out,
-            (rows, self.cfg.vocab_size),
-            &Device::Cpu,
-        )?)
+        Ok(out)
+    }
+
+    /// Each row's first maximum of its logits: through the screen for several rows (one
+    /// row is bound by reading the head either way), else from the full logits.
+    fn argmax(&self, normed: &[f32], rows: usize) -> Result<Vec<u32>> {
+        if let (Some(screen), Some(w), 2..) = (&self.screen, self.head.head().lanes(), rows) {
+            return Ok(screen.argmax_rows(w, normed, rows)?.ids);
+        }
+        let logits = self.logits_vec(normed, rows)?;
+        Ok(logits
+            .chunks_exact(self.cfg.vocab_size)
+            .map(tandem_kernels::first_max)
+            .collect())
     }
 
     fn layer_forward(

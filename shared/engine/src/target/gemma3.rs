@@ -63,6 +63,7 @@ impl<M: Gemma3Model> TargetSequence for Sequence<'_, M> {
         let out = self.model.forward(tokens, pos, &mut self.cache, &opts)?;
         Ok(TargetStep {
             logits: out.logits,
+            argmax: out.argmax,
             snapshot: interleave(&out.taps, tokens.len())?,
         })
     }

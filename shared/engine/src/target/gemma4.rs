@@ -96,6 +96,7 @@ impl TargetSequence for Sequence<'_> {
         }
         Ok(TargetStep {
             logits: out.logits,
+            argmax: None,
             snapshot,
         })
     }

@@ -36,6 +36,9 @@ pub struct TargetFacts {
 pub struct TargetStep {
     /// `[rows, vocab]` f32 logits (`rows` = `m`, 1 or 0 by [`LogitsMode`]).
     pub logits: Option<Tensor>,
+    /// With [`LogitsMode::Argmax`], each row's first maximum, where the target finds it
+    /// without all logits (else `logits` holds every row).
+    pub argmax: Option<Vec<u32>>,
     /// `m` snapshot rows of the requested spec, row-major.
     pub snapshot: Vec<f32>,
 }
