@@ -47,7 +47,8 @@ def tandem_round(binary: Path, precision: str) -> dict:
         r = json.loads(Path(f.name).read_text())
     block9 = next(b for b in r["blocks"] if b["block"] == 9)
     return {"decode_tok_s": r["decode_tok_s"], "block9_ms": block9["ms"],
-            "block9_steps": block9["decode_steps"]}
+            "block9_steps": block9["decode_steps"],
+            "block9_greedy_steps": block9["greedy_decode_steps"]}
 
 
 def main() -> None:
@@ -65,20 +66,22 @@ def main() -> None:
     ctx, block_src = long[: lb.CTX_POS], long[lb.CTX_POS:]
     rounds = []
     print(f"{'round':>5} {'llama tok/s':>11} {'tandem tok/s':>12} {'ratio':>6} "
-          f"{'llama 8-block steps':>19} {'tandem 9-block steps':>20}")
+          f"{'llama 8-block steps':>19} {'tandem 9-block steps':>20} {'greedy':>6}")
     for i in range(args.rounds):
         ll = llama_round(llm, prompt, ctx, block_src)
         td = tandem_round(args.tandem, args.precision)
         ratio = td["decode_tok_s"] / ll["decode_tok_s"]
         rounds.append({"llama_cpp": ll, "tandem": td, "decode_ratio": ratio})
         print(f"{i + 1:>5} {ll['decode_tok_s']:>11.1f} {td['decode_tok_s']:>12.1f} {ratio:>6.2f} "
-              f"{ll['block8_steps']:>19.2f} {td['block9_steps']:>20.2f}")
+              f"{ll['block8_steps']:>19.2f} {td['block9_steps']:>20.2f} "
+              f"{td['block9_greedy_steps']:>6.2f}")
     med = lambda xs: statistics.median(xs)  # noqa: E731
     summary = {
         "decode_ratio": med([r["decode_ratio"] for r in rounds]),
         "tandem_decode_tok_s": med([r["tandem"]["decode_tok_s"] for r in rounds]),
         "llama_decode_tok_s": med([r["llama_cpp"]["decode_tok_s"] for r in rounds]),
         "tandem_block9_steps": med([r["tandem"]["block9_steps"] for r in rounds]),
+        "tandem_block9_greedy_steps": med([r["tandem"]["block9_greedy_steps"] for r in rounds]),
         "llama_block8_steps": med([r["llama_cpp"]["block8_steps"] for r in rounds]),
     }
     print("median: " + ", ".join(f"{k} {v:.2f}" for k, v in summary.items()))

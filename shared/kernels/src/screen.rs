@@ -295,7 +295,9 @@ pub(crate) fn candidates(s: &[f32], norms: &[f32], max_norm: f32, bound: f32) ->
         }
     }
     let top = top.iter().fold(0f32, |m, &v| m.max(v));
-    let slack = 1e-6 * (top + max_norm * bound);
+    // The f32 sums above round by at most 2⁻²⁴ of `top + max_norm · bound`
+    // each; 1e-30 covers products and scales that underflow to subnormals.
+    let slack = 1e-6 * (top + max_norm * bound) + 1e-30;
     let floor = floor.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) - slack;
     let mut out = Vec::new();
     for (c, (s, norms)) in chunks.enumerate() {
