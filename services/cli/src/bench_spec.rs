@@ -65,6 +65,9 @@ pub struct SpecArgs {
     /// Temperature of the sampled runs.
     #[arg(long, default_value_t = 0.7)]
     temperature: f32,
+    /// Top-k of the sampled runs (none: every token).
+    #[arg(long)]
+    top_k: Option<usize>,
     /// Times the whole comparison runs, each time plain then every γ, so that a machine
     /// that drifts slows every configuration alike; the figures sum over all. A warm-up
     /// generation, not counted, runs first.
@@ -106,6 +109,9 @@ pub struct SpecRun {
 #[derive(Serialize, Deserialize, Debug, Clone)]
 pub struct Mode {
     pub temperature: f32,
+    /// Top-k of the sampled runs (greedy runs have none).
+    #[serde(default)]
+    pub top_k: Option<usize>,
     pub plain_tok_s: f64,
     pub runs: Vec<SpecRun>,
 }
@@ -251,6 +257,7 @@ fn held_out_prompts(engine: &Engine, a: &SpecArgs) -> Result<Vec<Vec<u32>>> {
 fn mode(runner: &Runner<'_>, prompts: &[Vec<u32>], a: &SpecArgs, temperature: f32) -> Result<Mode> {
     let sampling = SamplingParams {
         temperature,
+        top_k: a.top_k,
         seed: a.seed,
         ..SamplingParams::default()
     };
@@ -283,6 +290,7 @@ fn mode(runner: &Runner<'_>, prompts: &[Vec<u32>], a: &SpecArgs, temperature: f3
         .collect();
     Ok(Mode {
         temperature,
+        top_k: sampling.top_k.filter(|_| !sampling.is_greedy()),
         plain_tok_s: plain.tok_s(),
         runs,
     })
@@ -418,7 +426,11 @@ fn print_report(r: &SpecReport) {
         r.drafter, r.via, r.backend, r.prompts, r.prompt_tokens, r.max_tokens, r.repeats
     );
     for m in &r.modes {
-        println!("T = {}: plain {:.1} tok/s", m.temperature, m.plain_tok_s);
+        let top_k = m.top_k.map(|k| format!(", top-k {k}")).unwrap_or_default();
+        println!(
+            "T = {}{top_k}: plain {:.1} tok/s",
+            m.temperature, m.plain_tok_s
+        );
         println!("    γ      τ   tok/s  speedup  draft%  acceptance per position");
         for s in &m.runs {
             let acc: Vec<String> = s

@@ -12,6 +12,8 @@ pub mod stopping;
 pub use acceptance::{accept_greedy, accept_sampled, Verdict};
 pub use gamma::{GammaPolicy, GammaPolicyConfig, Learnt, CARRIED_ROUNDS};
 pub use proposer::{DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession};
-pub use sampling::{argmax, distribution, Sampler, SamplingError, SamplingParams, SparseDist};
+pub use sampling::{
+    argmax, distribution, distribution_of, Sampler, SamplingError, SamplingParams, SparseDist,
+};
 pub use snapshot::{PartSpec, SnapshotPart, SnapshotRows, SnapshotSpec, SnapshotSupport};
 pub use stopping::{Chunk, FinishReason, Output, StopConfig};

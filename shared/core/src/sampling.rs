@@ -119,11 +119,34 @@ pub fn distribution(logits: &[f32], params: &SamplingParams) -> SparseDist {
     if params.top_k.is_none() && params.top_p >= 1.0 {
         return dense(logits, inv_t);
     }
-    let mut cand: Vec<(u32, f64)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, l)| (i as u32, *l as f64 * inv_t))
-        .collect();
+    truncated(
+        logits.iter().enumerate().map(|(i, l)| (i as u32, *l)),
+        params,
+    )
+}
+
+/// [`distribution`] from the logits `values` of some ids only (`ids` ascending), as the
+/// target's screen returns them for greedy and top-k sampling. `ids` must hold every id
+/// that can rank among the `top_k` largest logits (the first maximum when greedy), ties
+/// at the boundary included; without `top_k`, every id. The result is then
+/// [`distribution`]'s over the full logits, bit for bit.
+pub fn distribution_of(ids: &[u32], values: &[f32], params: &SamplingParams) -> SparseDist {
+    if params.is_greedy() {
+        return SparseDist {
+            ids: vec![ids[argmax(values) as usize]],
+            probs: vec![1.0],
+        };
+    }
+    if params.top_k.is_none() {
+        return distribution(values, params);
+    }
+    truncated(ids.iter().copied().zip(values.iter().copied()), params)
+}
+
+/// Top-k, then temperature and top-p, over `(id, logit)` pairs in id order.
+fn truncated(logits: impl Iterator<Item = (u32, f32)>, params: &SamplingParams) -> SparseDist {
+    let inv_t = 1.0 / params.temperature as f64;
+    let mut cand: Vec<(u32, f64)> = logits.map(|(i, l)| (i, l as f64 * inv_t)).collect();
     let by_logit_desc = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
     if let Some(k) = params.top_k.filter(|k| *k < cand.len()) {
         cand.select_nth_unstable_by(k - 1, by_logit_desc);
@@ -281,6 +304,32 @@ mod tests {
             for _ in 0..5 {
                 prop_assert_eq!(a.sample(&logits), b.sample(&logits));
             }
+        }
+
+        /// From any ids that hold the top k (ties at the boundary included; all ids
+        /// without k), `distribution_of` is `distribution` of the full logits, bit for bit.
+        #[test]
+        fn distributions_of_the_top_ids_are_the_full_ones(
+            logits in proptest::collection::vec((-4i32..4).prop_map(|v| v as f32 * 0.5), 1..60),
+            t in 0.05f32..2.0, k in proptest::option::of(1usize..20), p in 0.05f32..=1.0,
+            greedy in any::<bool>(), extra in proptest::collection::vec(any::<bool>(), 60),
+        ) {
+            let prm = SamplingParams { temperature: if greedy { 0.0 } else { t }, top_k: k, top_p: p, seed: 1 };
+            let mut sorted = logits.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            let kth = match (greedy, k) {
+                (true, _) => sorted[0],
+                (false, Some(k)) => sorted[k.min(sorted.len()) - 1],
+                (false, None) => f32::NEG_INFINITY,
+            };
+            let ids: Vec<u32> = (0..logits.len() as u32)
+                .filter(|&i| logits[i as usize] >= kth || extra[i as usize])
+                .collect();
+            let values: Vec<f32> = ids.iter().map(|&i| logits[i as usize]).collect();
+            let (got, want) = (distribution_of(&ids, &values, &prm), distribution(&logits, &prm));
+            prop_assert_eq!(&got.ids, &want.ids);
+            let bits = |d: &SparseDist| d.probs.iter().map(|p| p.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&got), bits(&want));
         }
     }
 }

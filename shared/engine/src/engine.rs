@@ -12,9 +12,9 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 use tandem_core::{
-    accept_greedy, accept_sampled, argmax, distribution, Chunk, DraftBlock, FinishReason,
-    GammaPolicy, GammaPolicyConfig, Output, Proposer, Sampler, SamplingParams, SnapshotSpec,
-    Verdict,
+    accept_greedy, accept_sampled, argmax, distribution, distribution_of, Chunk, DraftBlock,
+    FinishReason, GammaPolicy, GammaPolicyConfig, Output, Proposer, Sampler, SamplingParams,
+    SnapshotSpec, Verdict,
 };
 use tandem_gemma::{argmax_rows, LogitsMode};
 use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
@@ -258,9 +258,11 @@ impl<'e> Generation<'e> {
         let mut block = vec![anchor];
         block.extend_from_slice(&draft.tokens);
         let t1 = Instant::now();
-        let mode = match self.req.sampling.is_greedy() {
-            true => LogitsMode::Argmax,
-            false => LogitsMode::All,
+        let sampling = &self.req.sampling;
+        let mode = match (sampling.is_greedy(), sampling.top_k) {
+            (true, _) => LogitsMode::Argmax,
+            (false, Some(k)) => LogitsMode::Top(k),
+            (false, None) => LogitsMode::All,
         };
         let out = self.forward(&block, n, mode)?;
         let verdict = self.verify(&out, &draft)?;
@@ -291,15 +293,26 @@ impl<'e> Generation<'e> {
             })?;
             return Ok(accept_greedy(&draft.tokens, ids));
         }
+        let sampling = self.req.sampling;
+        if let Some(top) = &out.top {
+            let top = top.get(..rows).ok_or_else(|| {
+                EngineError::InvalidRequest(format!("forward returned {} top rows", top.len()))
+            })?;
+            return Ok(accept_sampled(
+                &draft.tokens,
+                &draft.dists,
+                |i| distribution_of(&top[i].ids, &top[i].values, &sampling),
+                &mut self.sampler,
+            ));
+        }
         let logits = out
             .logits
             .as_ref()
             .ok_or_else(|| EngineError::InvalidRequest("forward returned no logits".into()))?;
-        if self.req.sampling.is_greedy() {
+        if sampling.is_greedy() {
             return Ok(accept_greedy(&draft.tokens, &greedy_tokens(logits, rows)?));
         }
         let rows = logits_rows(logits, rows)?;
-        let sampling = self.req.sampling;
         Ok(accept_sampled(
             &draft.tokens,
             &draft.dists,

@@ -206,7 +206,7 @@ impl DeviceGemma3 {
                 .collect();
             let (n, t) = self.forward_chunk(&chunk, b, span.start + pos, cache, &opts.taps)?;
             let rows = match opts.logits {
-                LogitsMode::All | LogitsMode::Argmax => Some(n.clone()),
+                LogitsMode::All | LogitsMode::Argmax | LogitsMode::Top(_) => Some(n.clone()),
                 LogitsMode::Last if c + 1 == chunks => {
                     let (mc, h) = (span.len(), self.cfg.hidden_size);
                     Some(
@@ -232,6 +232,7 @@ impl DeviceGemma3 {
             .collect::<Result<Vec<_>>>()?;
         Ok(ForwardOutput {
             argmax: None,
+            top: None,
             logits: (!logits.is_empty())
                 .then(|| sequence_major(&logits, b))
                 .transpose()?,

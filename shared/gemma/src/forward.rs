@@ -176,9 +176,15 @@ fn concat_outputs(outs: Vec<ForwardOutput>) -> Result<ForwardOutput> {
         .map(|o| o.argmax.clone())
         .collect::<Option<Vec<_>>>()
         .map(|ids| ids.concat());
+    let top = outs
+        .iter()
+        .map(|o| o.top.clone())
+        .collect::<Option<Vec<_>>>()
+        .map(|rows| rows.concat());
     Ok(ForwardOutput {
         logits,
         argmax,
+        top,
         taps,
         last_hidden: cat(outs.into_iter().map(|o| o.last_hidden).collect())?,
     })

@@ -41,3 +41,4 @@ pub use kv_cache::KvCache;
 pub use launch::{argmax_rows, prepare_device, with_cached_layouts};
 pub use loader::verify_sha256;
 pub use model::{ForwardOptions, ForwardOutput, Gemma3, LoadOptions, LogitsMode, Precision};
+pub use tandem_kernels::TopRow;

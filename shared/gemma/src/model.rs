@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
-use tandem_kernels::{ArgmaxScreen, QType};
+use tandem_kernels::{ArgmaxScreen, QType, TopRow};
 
 use crate::attention::{attend, AttnSpec};
 use crate::config::GemmaConfig;
@@ -55,6 +55,10 @@ pub enum LogitsMode {
     /// without all logits (the CPU model in `exact` precision, through
     /// `tandem_kernels::ArgmaxScreen`), else every row's logits as with [`LogitsMode::All`].
     Argmax,
+    /// Every block position, of which top-k sampling reads only the `k` largest logits per
+    /// row: [`ForwardOutput::top`] where the model can find them without all logits (as
+    /// for [`LogitsMode::Argmax`]), else every row's logits as with [`LogitsMode::All`].
+    Top(usize),
 }
 
 /// What a forward should return besides updating the cache.
@@ -75,6 +79,9 @@ pub struct ForwardOutput {
     /// With [`LogitsMode::Argmax`], per block position the index of the first maximum of
     /// its logits (which are then not returned), where the model computes it so.
     pub argmax: Option<Vec<u32>>,
+    /// With [`LogitsMode::Top`], per block position the ids (ascending) that can rank
+    /// among its `k` largest logits with those logits, bit for bit as in the full row.
+    pub top: Option<Vec<TopRow>>,
     /// One `[m, hidden]` f32 tensor per requested tap, in request order.
     pub taps: Vec<Tensor>,
     /// `[m, hidden]` f32: the final-norm output of every block position.
@@ -267,12 +274,17 @@ impl Gemma3 {
         cache.commit(m);
         let eps = self.cfg.rms_norm_eps as f32;
         let normed = rms_norm(&x, &self.final_norm, eps);
-        let (logits, argmax) = match opts.logits {
-            LogitsMode::All => (Some(self.logits(&normed, m)?), None),
-            LogitsMode::Last => (Some(self.logits(&normed[(m - 1) * h..], 1)?), None),
-            LogitsMode::Argmax => (None, Some(self.argmax(&normed, m)?)),
-            LogitsMode::None => (None, None),
-        };
+        let (mut logits, mut argmax, mut top) = (None, None, None);
+        match opts.logits {
+            LogitsMode::All => logits = Some(self.logits(&normed, m)?),
+            LogitsMode::Last => logits = Some(self.logits(&normed[(m - 1) * h..], 1)?),
+            LogitsMode::Argmax => argmax = Some(self.argmax(&normed, m)?),
+            LogitsMode::Top(k) => match self.top(&normed, m, k)? {
+                Some(rows) => top = Some(rows),
+                None => logits = Some(self.logits(&normed, m)?),
+            },
+            LogitsMode::None => {}
+        }
         let taps = taps
             .into_iter()
             .map(|t| Tensor::from_vec(t.unwrap_or_else(|| normed.clone()), (m, h), &Device::Cpu))
@@ -280,6 +292,7 @@ impl Gemma3 {
         Ok(ForwardOutput {
             logits,
             argmax,
+            top,
             taps,
             last_hidden: Tensor::from_vec(normed, (m, h), &Device::Cpu)?,
         })
@@ -301,11 +314,21 @@ impl Gemma3 {
         Ok(out)
     }
 
-    /// Each row's first maximum of its logits: through the screen for several rows (one
-    /// row is bound by reading the head either way), else from the full logits.
+    /// The logits that can rank among each row's `k` largest, through the screen for
+    /// several rows (one row is bound by reading the head either way); `None` where the
+    /// model has no screen.
+    fn top(&self, normed: &[f32], rows: usize, k: usize) -> Result<Option<Vec<TopRow>>> {
+        match (&self.screen, self.head.head().lanes(), rows) {
+            (Some(screen), Some(w), 2..) => Ok(Some(screen.top_rows(w, normed, rows, k)?.rows)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Each row's first maximum of its logits: through the screen where the model has
+    /// one, else from the full logits.
     fn argmax(&self, normed: &[f32], rows: usize) -> Result<Vec<u32>> {
-        if let (Some(screen), Some(w), 2..) = (&self.screen, self.head.head().lanes(), rows) {
-            return Ok(screen.argmax_rows(w, normed, rows)?.ids);
+        if let Some(top) = self.top(normed, rows, 1)? {
+            return Ok(top.iter().map(TopRow::first_max).collect());
         }
         let logits = self.logits_vec(normed, rows)?;
         Ok(logits

@@ -103,8 +103,9 @@ fn assert_blocks_equal_single_steps(m: &Gemma3) {
 
 /// Greedy verification's argmaxes ([`LogitsMode::Argmax`]: the exact head's first maxima
 /// through `tandem_kernels::ArgmaxScreen` where the CPU runs it) equal the first maxima of
-/// the full logits of the same blocks, for blocks of 1..=16 over 240 positions of text and
-/// of random tokens (flat and peaked distributions).
+/// the full logits of the same blocks, and top-k verification's rows
+/// ([`LogitsMode::Top`]) hold the 40 largest logits bit for bit, for blocks of 1..=16 over
+/// 240 positions of text and of random tokens (flat and peaked distributions).
 #[test]
 fn argmax_blocks_equal_the_full_logits_first_maxima() {
     let m = model();
@@ -131,11 +132,39 @@ fn argmax_blocks_equal_the_full_logits_first_maxima() {
                 logits: LogitsMode::Argmax,
                 taps: vec![],
             };
+            let mut top_cache = cache.clone();
             let out = m.forward(block, pos, &mut cache, &opts).expect("forward");
             assert!(out.logits.is_none());
             assert_eq!(out.argmax, Some(want), "block of {} at {pos}", block.len());
+            let opts = ForwardOptions {
+                logits: LogitsMode::Top(40),
+                taps: vec![],
+            };
+            let out = m
+                .forward(block, pos, &mut top_cache, &opts)
+                .expect("forward");
+            if let Some(top) = out.top {
+                assert_top_rows(&top, &logits, m.config().vocab_size, 40);
+            }
             pos += block.len();
             b = b % 16 + 1;
+        }
+    }
+}
+
+/// Each row of `top` holds the `k` largest of its logits row (ties to the lower id) with
+/// their exact bits.
+fn assert_top_rows(top: &[tandem_gemma::TopRow], logits: &[f32], vocab: usize, k: usize) {
+    for (row, z) in top.iter().zip(logits.chunks(vocab)) {
+        for (&j, &v) in row.ids.iter().zip(&row.values) {
+            assert_eq!(v.to_bits(), z[j as usize].to_bits());
+        }
+        let mut order: Vec<u32> = (0..vocab as u32).collect();
+        order.select_nth_unstable_by(k - 1, |&a, &b| {
+            z[b as usize].total_cmp(&z[a as usize]).then(a.cmp(&b))
+        });
+        for want in &order[..k] {
+            assert!(row.ids.binary_search(want).is_ok(), "top id {want} missing");
         }
     }
 }

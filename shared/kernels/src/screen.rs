@@ -1,8 +1,10 @@
-//! [`ArgmaxScreen`]: the exact first maximum of each row of a lane-packed
-//! Q8_0 product without computing every output in f32.
+//! [`ArgmaxScreen`]: the exact first maximum, or the `k` largest outputs, of
+//! each row of a lane-packed Q8_0 product without computing every output in
+//! f32.
 //!
 //! Greedy decoding and greedy verification read, of each logits row, only
-//! the index of its first maximum. For the LM head — 262,144 outputs — the
+//! the index of its first maximum; top-k sampling only the `k` largest
+//! logits. For the LM head — 262,144 outputs — the
 //! exact f32 product of several rows is bound by the CPU's FMAs, while an
 //! 8-bit product of the same codes needs a quarter of the instructions.
 //! The screen uses the cheap product to rule outputs out and the exact one
@@ -21,13 +23,15 @@
 //!    f32 scaling adds at most `γ_{blocks+1}‖w_j‖(‖x‖ + ‖e‖)`. Hence
 //!    `|z_j − s_j| ≤ B_j = ‖w_j‖·K` with one `K` per activation row
 //!    (computed in f64, rounded up), the norms `‖w_j‖` computed once.
-//! 3. *Candidates.* Every maximum of `z` lies in `{j : s_j + B_j ≥
-//!    max_i (s_i − B_i)}` (with slack for the f32 rounding of those sums),
-//!    and every other output is strictly below it. The candidates' exact
+//! 3. *Candidates.* With `T` the `k`-th largest lower bound `s_i − B_i`,
+//!    at least `k` outputs are `≥ T`, so each of the `k` largest outputs —
+//!    and any output tied with the `k`-th — lies in `{j : s_j + B_j ≥ T}`
+//!    (with slack for the f32 rounding of those sums); for `k = 1` every
+//!    other output is strictly below the maximum. The candidates' exact
 //!    values come from the lane product's own arithmetic on their one lane
-//!    (its portable loop, which gives every kernel's bits), and the first
-//!    maximum among them is the answer: the index `argmax` of the full row
-//!    would give.
+//!    (its portable loop, which gives every kernel's bits): their first
+//!    maximum is the index `argmax` of the full row would give, and their
+//!    `k` largest (ties to the lower index) are the full row's.
 //!
 //! Rows whose activations are not finite, or whose bound could overflow,
 //! are computed in full, as are all rows where the CPU lacks the screen's
@@ -59,11 +63,29 @@ pub struct ArgmaxScreen {
     max_norm: f32,
 }
 
-/// What [`ArgmaxScreen::argmax_rows`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Argmaxes {
-    /// Per activation row, the index of the first maximum of its product.
+/// The outputs of one activation row that may rank among its `top`
+/// largest, with their exact values: a superset of the top `top` (ties at
+/// its boundary included), every output for a row computed in full.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopRow {
+    /// Output indices, ascending.
     pub ids: Vec<u32>,
+    /// Their values, bit for bit as [`LaneMatrix::matmul`] computes them.
+    pub values: Vec<f32>,
+}
+
+impl TopRow {
+    /// The index of the row's first maximum ([`first_max`] of the full row).
+    pub fn first_max(&self) -> u32 {
+        self.ids[first_max(&self.values) as usize]
+    }
+}
+
+/// What [`ArgmaxScreen::top_rows`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopRows {
+    /// One per activation row.
+    pub rows: Vec<TopRow>,
     /// Outputs computed exactly after the screen, over all screened rows.
     pub candidates: usize,
     /// Activation rows computed in full (no screen kernel, or activations
@@ -167,7 +189,7 @@ impl ArgmaxScreen {
     }
 
     /// Whether this CPU (and the process cap of [`Isa::set_max`]) runs the
-    /// screen; without it [`ArgmaxScreen::argmax_rows`] computes every row
+    /// screen; without it [`ArgmaxScreen::top_rows`] computes every row
     /// in full.
     pub fn available() -> bool {
         #[cfg(target_arch = "x86_64")]
@@ -177,15 +199,16 @@ impl ArgmaxScreen {
         false
     }
 
-    /// Per row of `x` (`m × k`), the index of the first maximum of that row
-    /// of `x · Wᵀ` as [`LaneMatrix::matmul`] computes it (`w` must be the
-    /// matrix this screen was built from).
-    pub fn argmax_rows(
+    /// Per row of `x` (`m × k`), the outputs of that row of `x · Wᵀ` that
+    /// may rank among its `top` largest (`top ≥ 1`), with their exact values
+    /// (`w` must be the matrix this screen was built from).
+    pub fn top_rows(
         &self,
         w: &LaneMatrix,
         x: &[f32],
         m: usize,
-    ) -> Result<Argmaxes, KernelError> {
+        top: usize,
+    ) -> Result<TopRows, KernelError> {
         if (w.n(), w.k()) != (self.n, self.k) {
             return Err(KernelError::ScreenShape {
                 screen: (self.n, self.k),
@@ -193,7 +216,7 @@ impl ArgmaxScreen {
             });
         }
         check_len("activations", x.len(), m.checked_mul(self.k))?;
-        let screen = Self::available();
+        let screen = Self::available() && top < self.n;
         let quant: Vec<Option<QuantRow>> = x
             .chunks_exact(self.k)
             .map(|x| screen.then(|| QuantRow::new(x, self.max_norm)).flatten())
@@ -201,32 +224,35 @@ impl ArgmaxScreen {
         let rows: Vec<&QuantRow> = quant.iter().flatten().collect();
         let mut scores = vec![0f32; rows.len() * self.n];
         self.score(w, &rows, &mut scores);
-        let mut out = Argmaxes {
-            ids: Vec::with_capacity(m),
-            candidates: 0,
-            full_rows: 0,
-        };
         let cands: Vec<Vec<usize>> = scores
             .par_chunks_exact(self.n)
             .zip(&rows)
-            .map(|(s, q)| self.candidates(s, q.bound))
+            .map(|(s, q)| self.candidates(s, q.bound, top.max(1)))
             .collect();
+        let mut out = TopRows {
+            rows: Vec::with_capacity(m),
+            candidates: 0,
+            full_rows: 0,
+        };
         let mut screened = cands.into_iter();
         for (x, q) in x.chunks_exact(self.k).zip(&quant) {
-            let id = match q {
+            let row = match q {
                 Some(_) => {
                     let cands = screened.next().expect("candidates per screened row");
                     out.candidates += cands.len();
-                    exact_argmax(w, x, &cands)
+                    exact_values(w, x, &cands)
                 }
                 None => {
                     out.full_rows += 1;
-                    let mut z = vec![0f32; self.n];
-                    w.matmul(x, 1, &mut z)?;
-                    first_max(&z)
+                    let mut values = vec![0f32; self.n];
+                    w.matmul(x, 1, &mut values)?;
+                    TopRow {
+                        ids: (0..self.n as u32).collect(),
+                        values,
+                    }
                 }
             };
-            out.ids.push(id);
+            out.rows.push(row);
         }
         Ok(out)
     }
@@ -264,46 +290,79 @@ impl ArgmaxScreen {
 
     /// Outputs that may hold the row's maximum, ascending (module docs),
     /// vectorized for AVX-512 where the screen runs.
-    fn candidates(&self, s: &[f32], bound: f32) -> Vec<usize> {
+    fn candidates(&self, s: &[f32], bound: f32, top: usize) -> Vec<usize> {
+        let row = Bounds {
+            norms: &self.norms,
+            max_norm: self.max_norm,
+            bound,
+        };
         #[cfg(target_arch = "x86_64")]
         if Self::available() {
             // SAFETY: the screen kernel's features include AVX-512 F.
-            return unsafe { crate::screen_x86::candidates(s, &self.norms, self.max_norm, bound) };
+            return unsafe { crate::screen_x86::candidates(s, &row, top) };
         }
-        candidates(s, &self.norms, self.max_norm, bound)
+        candidates(s, &row, top)
     }
 }
 
-/// [`ArgmaxScreen::candidates`] of scores `s` with row norms `norms`
-/// (largest `max_norm`) and bound `bound`: sixteen outputs at a time in
-/// element-wise loops the compiler vectorizes (a running `f32::max` would
-/// stay scalar).
+/// The bounds of one activation row: `B_j = norms[j] · bound`.
+pub(crate) struct Bounds<'a> {
+    pub(crate) norms: &'a [f32],
+    pub(crate) max_norm: f32,
+    pub(crate) bound: f32,
+}
+
+/// [`ArgmaxScreen::candidates`] of scores `s`: every output whose upper
+/// bound reaches the `top`-th largest lower bound (then at least `top`
+/// outputs are at or above that value, so each of the top `top` is one).
+/// Sixteen outputs at a time in element-wise loops the compiler vectorizes
+/// (a running `f32::max` would stay scalar); the `top` largest lower bounds
+/// are kept sorted, and a chunk none of whose bounds beats the smallest is
+/// passed over.
 #[inline(always)]
-pub(crate) fn candidates(s: &[f32], norms: &[f32], max_norm: f32, bound: f32) -> Vec<usize> {
+pub(crate) fn candidates(s: &[f32], b: &Bounds<'_>, top: usize) -> Vec<usize> {
     const W: usize = LANES;
-    let (mut floor, mut top) = ([f32::NEG_INFINITY; W], [0f32; W]);
-    let chunks = s.chunks(W).zip(norms.chunks(W));
+    let (mut best, mut highest) = (Vec::<f32>::with_capacity(top + 1), [0f32; W]);
+    let mut low = [0f32; W];
+    let chunks = s.chunks(W).zip(b.norms.chunks(W));
     for (s, norms) in chunks.clone() {
+        let floor = if best.len() < top {
+            f32::NEG_INFINITY
+        } else {
+            best[0]
+        };
+        let mut beats = false;
         for i in 0..s.len() {
-            let low = s[i] - norms[i] * bound;
-            floor[i] = if low > floor[i] { low } else { floor[i] };
-            top[i] = if s[i].abs() > top[i] {
-                s[i].abs()
-            } else {
-                top[i]
-            };
+            low[i] = s[i] - norms[i] * b.bound;
+            beats |= low[i] > floor;
+            let a = s[i].abs();
+            highest[i] = if a > highest[i] { a } else { highest[i] };
+        }
+        if beats {
+            for &v in &low[..s.len()] {
+                if best.len() < top || v > best[0] {
+                    let at = best.partition_point(|&x| x < v);
+                    best.insert(at, v);
+                    if best.len() > top {
+                        best.remove(0);
+                    }
+                }
+            }
         }
     }
-    let top = top.iter().fold(0f32, |m, &v| m.max(v));
-    // The f32 sums above round by at most 2⁻²⁴ of `top + max_norm · bound`
-    // each; 1e-30 covers products and scales that underflow to subnormals.
-    let slack = 1e-6 * (top + max_norm * bound) + 1e-30;
-    let floor = floor.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) - slack;
+    let highest = highest.iter().fold(0f32, |m, &v| m.max(v));
+    // The f32 sums above round by at most 2⁻²⁴ of `highest + max_norm ·
+    // bound` each; 1e-30 covers products and scales that underflow.
+    let slack = 1e-6 * (highest + b.max_norm * b.bound) + 1e-30;
+    let floor = match best.len() < top {
+        true => f32::NEG_INFINITY,
+        false => best[0] - slack,
+    };
     let mut out = Vec::new();
     for (c, (s, norms)) in chunks.enumerate() {
         let mut hits = 0u32;
         for i in 0..s.len() {
-            hits |= u32::from(s[i] + norms[i] * bound >= floor) << i;
+            hits |= u32::from(s[i] + norms[i] * b.bound >= floor) << i;
         }
         while hits != 0 {
             out.push(c * W + hits.trailing_zeros() as usize);
@@ -355,32 +414,34 @@ pub(crate) fn score_portable(
     }
 }
 
-/// The first maximum among the exact outputs `cands` (ascending) of row `x`.
-fn exact_argmax(w: &LaneMatrix, x: &[f32], cands: &[usize]) -> u32 {
+/// The exact outputs `cands` (ascending) of row `x`: the lane product's
+/// own chain on each one lane.
+fn exact_values(w: &LaneMatrix, x: &[f32], cands: &[usize]) -> TopRow {
     let (format, gb) = (w.format(), w.group_bytes());
     let mut row = vec![0f32; w.k()];
-    let mut best = (f32::NEG_INFINITY, 0usize);
-    for &j in cands {
-        decode_lane(
-            format,
-            &w.bytes()[j / LANES * gb..][..gb],
-            j % LANES,
-            &mut row,
-        );
-        let z = row
-            .iter()
-            .zip(x)
-            .fold(0f32, |acc, (&w, &x)| w.mul_add(x, acc));
-        if z > best.0 || cands[0] == j {
-            best = (z, j);
-        }
+    let values = cands
+        .iter()
+        .map(|&j| {
+            decode_lane(
+                format,
+                &w.bytes()[j / LANES * gb..][..gb],
+                j % LANES,
+                &mut row,
+            );
+            row.iter()
+                .zip(x)
+                .fold(0f32, |acc, (&w, &x)| w.mul_add(x, acc))
+        })
+        .collect();
+    TopRow {
+        ids: cands.iter().map(|&j| j as u32).collect(),
+        values,
     }
-    best.1 as u32
 }
 
 /// The index of the first maximum of `z` (0 when empty; a `NaN` never
 /// replaces an earlier value): the greedy choice, and what
-/// [`ArgmaxScreen::argmax_rows`] returns per row.
+/// [`TopRow::first_max`] gives.
 pub fn first_max(z: &[f32]) -> u32 {
     let mut best = 0;
     for (i, v) in z.iter().enumerate() {
@@ -485,11 +546,12 @@ mod tests {
             x[3 * k + 5] = f32::NAN;
             x[4 * k + 9] = f32::INFINITY;
             x[5 * k..6 * k].fill(0.0);
-            let got = screen.argmax_rows(&w, &x, m).expect("argmaxes");
+            let got = screen.top_rows(&w, &x, m, 1).expect("argmaxes");
             let mut z = vec![0f32; m * n];
             w.matmul_with(Isa::Scalar, &x, m, &mut z).expect("product");
             let want: Vec<u32> = z.chunks_exact(n).map(first_max).collect();
-            assert_eq!(got.ids, want, "n = {n}");
+            let ids: Vec<u32> = got.rows.iter().map(TopRow::first_max).collect();
+            assert_eq!(ids, want, "n = {n}");
             if ArgmaxScreen::available() {
                 assert_eq!(got.full_rows, 2);
                 assert!(got.candidates >= m - 2);
@@ -503,11 +565,11 @@ mod tests {
         let screen = ArgmaxScreen::new(&w).expect("Q8_0");
         let other = matrix(21, 64, 0.05, 5);
         assert!(matches!(
-            screen.argmax_rows(&other, &[0.0; 64], 1),
+            screen.top_rows(&other, &[0.0; 64], 1, 1),
             Err(KernelError::ScreenShape { .. })
         ));
         assert!(matches!(
-            screen.argmax_rows(&w, &[0.0; 63], 1),
+            screen.top_rows(&w, &[0.0; 63], 1, 1),
             Err(KernelError::BufferLength { .. })
         ));
         let q4 = QMatrix::new(QType::Q4_0, 16, 32, vec![0; 16 * 18]).expect("valid bytes");

@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 
 use crate::lanes::{LaneMatrix, LANES};
 use crate::qtype::QK8_0;
-use crate::screen::QuantRow;
+use crate::screen::{Bounds, QuantRow};
 
 /// Activation rows per tile.
 const ROWS: usize = 9;
@@ -84,8 +84,8 @@ pub(crate) fn score(w: &LaneMatrix, rows: &[&QuantRow], g0: usize, outs: &mut [&
 /// # Safety
 /// AVX-512 F.
 #[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn candidates(s: &[f32], norms: &[f32], max_norm: f32, bound: f32) -> Vec<usize> {
-    crate::screen::candidates(s, norms, max_norm, bound)
+pub(crate) unsafe fn candidates(s: &[f32], b: &Bounds<'_>, top: usize) -> Vec<usize> {
+    crate::screen::candidates(s, b, top)
 }
 
 type TileFn = unsafe fn(&Job<'_>, &mut [[f32; LANES]]);

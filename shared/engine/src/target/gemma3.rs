@@ -64,6 +64,7 @@ impl<M: Gemma3Model> TargetSequence for Sequence<'_, M> {
         Ok(TargetStep {
             logits: out.logits,
             argmax: out.argmax,
+            top: out.top,
             snapshot: interleave(&out.taps, tokens.len())?,
         })
     }

@@ -97,6 +97,7 @@ impl TargetSequence for Sequence<'_> {
         Ok(TargetStep {
             logits: out.logits,
             argmax: None,
+            top: None,
             snapshot,
         })
     }

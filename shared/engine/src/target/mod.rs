@@ -12,7 +12,7 @@ pub use gemma4::Gemma4Target;
 
 use candle_core::Tensor;
 use tandem_core::{SnapshotSpec, SnapshotSupport};
-use tandem_gemma::{LogitsMode, TargetHead, TargetIdentity};
+use tandem_gemma::{LogitsMode, TargetHead, TargetIdentity, TopRow};
 
 use crate::error::Result;
 
@@ -39,6 +39,9 @@ pub struct TargetStep {
     /// With [`LogitsMode::Argmax`], each row's first maximum, where the target finds it
     /// without all logits (else `logits` holds every row).
     pub argmax: Option<Vec<u32>>,
+    /// With [`LogitsMode::Top`], per row the ids that can rank among its `k` largest
+    /// logits, with those logits, where the target finds them without all logits.
+    pub top: Option<Vec<TopRow>>,
     /// `m` snapshot rows of the requested spec, row-major.
     pub snapshot: Vec<f32>,
 }

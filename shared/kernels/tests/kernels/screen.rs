@@ -1,8 +1,10 @@
-//! `ArgmaxScreen`: per activation row, the first maximum of a Q8_0 lane
-//! product, found through an 8-bit screen, equals the first maximum of the
-//! full exact product — over random shapes, scales, activations with
-//! outliers, rows duplicated to make exact ties, and rows the bound does not
-//! cover (non-finite activations), which are computed in full.
+//! `ArgmaxScreen`: per activation row, the outputs a Q8_0 lane product's
+//! 8-bit screen keeps for its top `top` hold that row's top `top` of the
+//! full exact product (by value, ties to the lower index), with the full
+//! product's values bit for bit, so the first maximum and any top-k
+//! selection agree — over random shapes, scales, activations with outliers,
+//! rows duplicated to make exact ties, and rows the bound does not cover
+//! (non-finite activations), which are computed in full.
 
 use proptest::prelude::*;
 use tandem_kernels::{first_max, ArgmaxScreen, Isa, LaneMatrix, QMatrix, QType};
@@ -30,6 +32,7 @@ proptest! {
         dup in 0usize..300,
         outlier in 1.0f32..60.0,
         broken in proptest::option::of(0usize..14),
+        top in 1usize..40,
         seed in any::<u64>(),
     ) {
         let k = 32 * blocks;
@@ -42,10 +45,19 @@ proptest! {
         if let Some(r) = broken.filter(|&r| r < m) {
             x[r * k] = f32::INFINITY;
         }
-        let got = screen.argmax_rows(&w, &x, m).expect("argmaxes");
+        let got = screen.top_rows(&w, &x, m, top).expect("top rows");
         let mut z = vec![0f32; m * n];
         w.matmul_with(Isa::Scalar, &x, m, &mut z).expect("product");
-        let want: Vec<u32> = z.chunks_exact(n).map(first_max).collect();
-        prop_assert_eq!(got.ids, want);
+        for (row, z) in got.rows.iter().zip(z.chunks_exact(n)) {
+            prop_assert_eq!(row.first_max(), first_max(z));
+            for (&j, &v) in row.ids.iter().zip(&row.values) {
+                prop_assert_eq!(v.to_bits(), z[j as usize].to_bits());
+            }
+            let mut order: Vec<u32> = (0..n as u32).collect();
+            order.sort_by(|&a, &b| z[b as usize].total_cmp(&z[a as usize]).then(a.cmp(&b)));
+            for want in order.iter().take(top) {
+                prop_assert!(row.ids.binary_search(want).is_ok(), "top output {} missing", want);
+            }
+        }
     }
 }
