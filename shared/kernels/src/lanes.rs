@@ -292,18 +292,26 @@ impl LaneMatrix {
             return Err(KernelError::RowOutOfRange { row, n: self.n });
         }
         check_len("output", out.len(), Some(self.k))?;
-        let group = &self.bytes()[row / LANES * self.group_bytes()..][..self.group_bytes()];
-        decode_lane(self.format, group, row % LANES, out);
+        self.decode_row(row, out);
         Ok(())
+    }
+
+    /// Row `row` (`< n`) dequantized into `out` (`k` values).
+    pub(crate) fn decode_row(&self, row: usize, out: &mut [f32]) {
+        let gb = self.group_bytes();
+        decode_lane(
+            self.format,
+            &self.bytes()[row / LANES * gb..][..gb],
+            row % LANES,
+            out,
+        );
     }
 
     /// Dequantizes the whole matrix to `n × k` row-major `f32`.
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.n * self.k];
-        let gb = self.group_bytes();
         for (r, row) in out.chunks_exact_mut(self.k).enumerate() {
-            let group = &self.bytes()[r / LANES * gb..][..gb];
-            decode_lane(self.format, group, r % LANES, row);
+            self.decode_row(r, row);
         }
         out
     }
@@ -361,30 +369,9 @@ impl LaneMatrix {
 
     /// Splits the groups between threads and computes `out`.
     fn run(&self, isa: Isa, x: &[f32], m: usize, out: &mut [f32]) {
-        let (n, groups) = (self.n, self.n.div_ceil(LANES));
-        let threads = rayon::current_num_threads();
-        let macs = m.saturating_mul(self.k).saturating_mul(n);
-        let chunk = groups
-            .div_ceil(threads * TASKS_PER_THREAD)
-            .max(TASK_MIN_GROUPS);
-        if threads <= 1 || macs < PARALLEL_MIN_MACS || chunk >= groups {
-            let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(n).collect();
-            self.groups(isa, x, 0, &mut outs);
-            return;
-        }
-        let mut per_row: Vec<_> = out
-            .chunks_exact_mut(n)
-            .map(|row| row.chunks_mut(chunk * LANES))
-            .collect();
-        let tasks: Vec<(usize, Vec<&mut [f32]>)> = (0..groups.div_ceil(chunk))
-            .map(|c| {
-                let outs = per_row.iter_mut().filter_map(Iterator::next).collect();
-                (c * chunk, outs)
-            })
-            .collect();
-        tasks
-            .into_par_iter()
-            .for_each(|(g0, mut outs)| self.groups(isa, x, g0, &mut outs));
+        split_groups((m, self.k, self.n), out, |g0, outs| {
+            self.groups(isa, x, g0, outs)
+        });
     }
 
     /// Groups `g0..` covering `outs[r]` (output rows `16·g0..`) for every
@@ -396,20 +383,59 @@ impl LaneMatrix {
             return;
         }
         debug_assert!(isa == Isa::Scalar || !cfg!(target_arch = "x86_64"));
-        let gb = self.group_bytes();
         let mut w = vec![0f32; self.k];
         let cols = outs.first().map_or(0, |o| o.len());
         for col in 0..cols {
-            let (g, lane) = (g0 + col / LANES, col % LANES);
-            decode_lane(self.format, &self.bytes()[g * gb..][..gb], lane, &mut w);
+            self.decode_row(g0 * LANES + col, &mut w);
             for (out, x) in outs.iter_mut().zip(x.chunks_exact(self.k)) {
-                out[col] = w
-                    .iter()
-                    .zip(x)
-                    .fold(0f32, |acc, (&w, &x)| w.mul_add(x, acc));
+                out[col] = fma_chain(&w, x);
             }
         }
     }
+}
+
+/// Computes `out` (`m × n`, row-major, `k` inputs per output) in ranges of
+/// groups: `f(g0, outs)` fills columns `16·g0..16·g0 + outs[r].len()` of
+/// every row `r`. The ranges are split between rayon threads (rows never:
+/// each output is computed by one call), or all computed on the calling
+/// thread for small products.
+pub(crate) fn split_groups(
+    (m, k, n): (usize, usize, usize),
+    out: &mut [f32],
+    f: impl Fn(usize, &mut [&mut [f32]]) + Sync,
+) {
+    let groups = n.div_ceil(LANES);
+    let threads = rayon::current_num_threads();
+    let macs = m.saturating_mul(k).saturating_mul(n);
+    let chunk = groups
+        .div_ceil(threads * TASKS_PER_THREAD)
+        .max(TASK_MIN_GROUPS);
+    if threads <= 1 || macs < PARALLEL_MIN_MACS || chunk >= groups {
+        let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(n).collect();
+        f(0, &mut outs);
+        return;
+    }
+    let mut per_row: Vec<_> = out
+        .chunks_exact_mut(n)
+        .map(|row| row.chunks_mut(chunk * LANES))
+        .collect();
+    let tasks: Vec<(usize, Vec<&mut [f32]>)> = (0..groups.div_ceil(chunk))
+        .map(|c| {
+            let outs = per_row.iter_mut().filter_map(Iterator::next).collect();
+            (c * chunk, outs)
+        })
+        .collect();
+    tasks
+        .into_par_iter()
+        .for_each(|(g0, mut outs)| f(g0, &mut outs));
+}
+
+/// `Σ w_e·x_e` as one FMA chain in element order from zero: the arithmetic
+/// of every lane of every kernel.
+pub(crate) fn fma_chain(w: &[f32], x: &[f32]) -> f32 {
+    w.iter()
+        .zip(x)
+        .fold(0f32, |acc, (&w, &x)| w.mul_add(x, acc))
 }
 
 /// Writes row `rc` into lane `lane` of a group's records.
@@ -494,7 +520,7 @@ fn code_at(format: Format, record: &[u8], e: usize, lane: usize) -> i16 {
 }
 
 /// Dequantizes lane `lane` of a group's records into `out` (`k` values).
-pub(crate) fn decode_lane(format: Format, group: &[u8], lane: usize, out: &mut [f32]) {
+fn decode_lane(format: Format, group: &[u8], lane: usize, out: &mut [f32]) {
     let rec = format.record_bytes();
     let f32_at = |r: &[u8], at: usize| f32::from_le_bytes([r[at], r[at + 1], r[at + 2], r[at + 3]]);
     for (record, out) in group

@@ -39,19 +39,13 @@
 
 use rayon::prelude::*;
 
-use crate::lanes::{decode_lane, LaneMatrix, LANES};
+use crate::lanes::{fma_chain, split_groups, LaneMatrix, LANES};
 use crate::matrix::check_len;
 use crate::qtype::QK8_0;
 use crate::{Isa, KernelError, QType};
 
 /// f32 unit roundoff.
 const U: f64 = f32::EPSILON as f64 / 2.0;
-/// Below this many multiply-accumulates the screen runs on the calling thread.
-const PARALLEL_MIN_MACS: usize = 1 << 17;
-/// Groups of sixteen outputs handed to one rayon task at least.
-const TASK_MIN_GROUPS: usize = 3;
-/// Rayon tasks per thread, for load balance.
-const TASKS_PER_THREAD: usize = 4;
 
 /// Row norms of a Q8_0 [`LaneMatrix`], for exact argmaxes of its products.
 #[derive(Debug, Clone)]
@@ -163,14 +157,12 @@ impl ArgmaxScreen {
         if w.qtype() != QType::Q8_0 {
             return Err(KernelError::NoScreen(w.qtype()));
         }
-        let (format, gb) = (w.format(), w.group_bytes());
         let norms: Vec<f32> = (0..w.n())
             .into_par_iter()
             .map_init(
                 || vec![0f32; w.k()],
                 |row, j| {
-                    let group = &w.bytes()[j / LANES * gb..][..gb];
-                    decode_lane(format, group, j % LANES, row);
+                    w.decode_row(j, row);
                     let ss: f64 = row.iter().map(|&v| f64::from(v).powi(2)).sum();
                     round_up(ss.sqrt() * (1.0 + 1e-9))
                 },
@@ -263,29 +255,9 @@ impl ArgmaxScreen {
         if rows.is_empty() {
             return;
         }
-        let (n, groups) = (self.n, self.n.div_ceil(LANES));
-        let threads = rayon::current_num_threads();
-        let chunk = groups
-            .div_ceil(threads * TASKS_PER_THREAD)
-            .max(TASK_MIN_GROUPS);
-        if threads <= 1 || rows.len() * self.k * n < PARALLEL_MIN_MACS || chunk >= groups {
-            let mut outs: Vec<&mut [f32]> = scores.chunks_exact_mut(n).collect();
-            score_groups(w, rows, 0, &mut outs);
-            return;
-        }
-        let mut per_row: Vec<_> = scores
-            .chunks_exact_mut(n)
-            .map(|row| row.chunks_mut(chunk * LANES))
-            .collect();
-        let tasks: Vec<(usize, Vec<&mut [f32]>)> = (0..groups.div_ceil(chunk))
-            .map(|c| {
-                let outs = per_row.iter_mut().filter_map(Iterator::next).collect();
-                (c * chunk, outs)
-            })
-            .collect();
-        tasks
-            .into_par_iter()
-            .for_each(|(g0, mut outs)| score_groups(w, rows, g0, &mut outs));
+        split_groups((rows.len(), self.k, self.n), scores, |g0, outs| {
+            score_groups(w, rows, g0, outs)
+        });
     }
 
     /// Outputs that may hold the row's maximum, ascending (module docs),
@@ -417,20 +389,12 @@ pub(crate) fn score_portable(
 /// The exact outputs `cands` (ascending) of row `x`: the lane product's
 /// own chain on each one lane.
 fn exact_values(w: &LaneMatrix, x: &[f32], cands: &[usize]) -> TopRow {
-    let (format, gb) = (w.format(), w.group_bytes());
     let mut row = vec![0f32; w.k()];
     let values = cands
         .iter()
         .map(|&j| {
-            decode_lane(
-                format,
-                &w.bytes()[j / LANES * gb..][..gb],
-                j % LANES,
-                &mut row,
-            );
-            row.iter()
-                .zip(x)
-                .fold(0f32, |acc, (&w, &x)| w.mul_add(x, acc))
+            w.decode_row(j, &mut row);
+            fma_chain(&row, x)
         })
         .collect();
     TopRow {
