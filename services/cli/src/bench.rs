@@ -179,7 +179,7 @@ fn block_costs(
         for _ in 0..a.repeats.max(5) {
             for (mode, times) in [
                 (LogitsMode::All, &mut all),
-                (LogitsMode::Argmax, &mut greedy),
+                (LogitsMode::Top(1), &mut greedy),
             ] {
                 let block = &ids[a.context..a.context + b];
                 let t = Instant::now();

@@ -16,7 +16,7 @@ use tandem_core::{
     FinishReason, GammaPolicy, GammaPolicyConfig, Output, Proposer, Sampler, SamplingParams,
     SnapshotSpec, Verdict,
 };
-use tandem_gemma::{argmax_rows, LogitsMode};
+use tandem_gemma::{argmax_rows, LogitsMode, TopRow};
 use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
 
 use crate::drafting::Drafting;
@@ -260,7 +260,7 @@ impl<'e> Generation<'e> {
         let t1 = Instant::now();
         let sampling = &self.req.sampling;
         let mode = match (sampling.is_greedy(), sampling.top_k) {
-            (true, _) => LogitsMode::Argmax,
+            (true, _) => LogitsMode::Top(1),
             (false, Some(k)) => LogitsMode::Top(k),
             (false, None) => LogitsMode::All,
         };
@@ -287,17 +287,15 @@ impl<'e> Generation<'e> {
     /// token, with the request's sampling applied identically to plain decoding.
     fn verify(&mut self, out: &TargetStep, draft: &DraftBlock) -> Result<Verdict> {
         let rows = draft.tokens.len() + 1;
-        if let Some(ids) = &out.argmax {
-            let ids = ids.get(..rows).ok_or_else(|| {
-                EngineError::InvalidRequest(format!("forward returned {} argmaxes", ids.len()))
-            })?;
-            return Ok(accept_greedy(&draft.tokens, ids));
-        }
         let sampling = self.req.sampling;
         if let Some(top) = &out.top {
             let top = top.get(..rows).ok_or_else(|| {
                 EngineError::InvalidRequest(format!("forward returned {} top rows", top.len()))
             })?;
+            if sampling.is_greedy() {
+                let ids: Vec<u32> = top.iter().map(TopRow::first_max).collect();
+                return Ok(accept_greedy(&draft.tokens, &ids));
+            }
             return Ok(accept_sampled(
                 &draft.tokens,
                 &draft.dists,

@@ -1,8 +1,8 @@
 //! Top-k sampling verified through the target's screen (`LogitsMode::Top`: per block row
 //! only the logits that can rank among the k largest, on the real Gemma 3 270M where the
 //! CPU runs the screen) emits, token for token, what verifying against every logit emits:
-//! the same seeds, drafts, acceptances and residual draws. Greedy rounds' argmaxes
-//! (`LogitsMode::Argmax`) are held to the full logits the same way.
+//! the same seeds, drafts, acceptances and residual draws. Greedy rounds (`Top(1)`: each
+//! row's first maximum) are held to the full logits the same way.
 
 mod common;
 
@@ -48,11 +48,11 @@ impl TargetSequence for FullSequence<'_> {
         spec: &SnapshotSpec,
     ) -> Result<TargetStep> {
         let logits = match logits {
-            LogitsMode::Argmax | LogitsMode::Top(_) => LogitsMode::All,
+            LogitsMode::Top(_) => LogitsMode::All,
             other => other,
         };
         let step = self.0.forward(tokens, pos, logits, spec)?;
-        assert!(step.top.is_none() && step.argmax.is_none());
+        assert!(step.top.is_none());
         Ok(step)
     }
     fn len(&self) -> usize {

@@ -206,7 +206,7 @@ impl DeviceGemma3 {
                 .collect();
             let (n, t) = self.forward_chunk(&chunk, b, span.start + pos, cache, &opts.taps)?;
             let rows = match opts.logits {
-                LogitsMode::All | LogitsMode::Argmax | LogitsMode::Top(_) => Some(n.clone()),
+                LogitsMode::All | LogitsMode::Top(_) => Some(n.clone()),
                 LogitsMode::Last if c + 1 == chunks => {
                     let (mc, h) = (span.len(), self.cfg.hidden_size);
                     Some(
@@ -231,7 +231,6 @@ impl DeviceGemma3 {
             .map(|i| host(&taps.iter().map(|t| t[i].clone()).collect::<Vec<_>>()))
             .collect::<Result<Vec<_>>>()?;
         Ok(ForwardOutput {
-            argmax: None,
             top: None,
             logits: (!logits.is_empty())
                 .then(|| sequence_major(&logits, b))

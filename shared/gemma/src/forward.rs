@@ -171,11 +171,6 @@ fn concat_outputs(outs: Vec<ForwardOutput>) -> Result<ForwardOutput> {
         .collect::<Option<Vec<_>>>()
         .map(cat)
         .transpose()?;
-    let argmax = outs
-        .iter()
-        .map(|o| o.argmax.clone())
-        .collect::<Option<Vec<_>>>()
-        .map(|ids| ids.concat());
     let top = outs
         .iter()
         .map(|o| o.top.clone())
@@ -183,7 +178,6 @@ fn concat_outputs(outs: Vec<ForwardOutput>) -> Result<ForwardOutput> {
         .map(|rows| rows.concat());
     Ok(ForwardOutput {
         logits,
-        argmax,
         top,
         taps,
         last_hidden: cat(outs.into_iter().map(|o| o.last_hidden).collect())?,

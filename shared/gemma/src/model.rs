@@ -50,14 +50,11 @@ pub enum LogitsMode {
     Last,
     /// None (context-only forwards).
     None,
-    /// Every block position, of which only each row's first maximum is read
-    /// (greedy verification): [`ForwardOutput::argmax`] where the model can find it
-    /// without all logits (the CPU model in `exact` precision, through
-    /// `tandem_kernels::ArgmaxScreen`), else every row's logits as with [`LogitsMode::All`].
-    Argmax,
-    /// Every block position, of which top-k sampling reads only the `k` largest logits per
-    /// row: [`ForwardOutput::top`] where the model can find them without all logits (as
-    /// for [`LogitsMode::Argmax`]), else every row's logits as with [`LogitsMode::All`].
+    /// Every block position, of which only the `k` largest logits per row are read
+    /// (greedy verification: `k = 1`; top-k sampling): [`ForwardOutput::top`] where the
+    /// model can find them without all logits (the CPU model in `exact` precision,
+    /// through `tandem_kernels::ArgmaxScreen`, for two or more rows), else every row's
+    /// logits as with [`LogitsMode::All`].
     Top(usize),
 }
 
@@ -76,9 +73,6 @@ pub struct ForwardOptions {
 pub struct ForwardOutput {
     /// `[rows, vocab]` f32 logits (`rows` = `m`, 1 or 0 by [`LogitsMode`]).
     pub logits: Option<Tensor>,
-    /// With [`LogitsMode::Argmax`], per block position the index of the first maximum of
-    /// its logits (which are then not returned), where the model computes it so.
-    pub argmax: Option<Vec<u32>>,
     /// With [`LogitsMode::Top`], per block position the ids (ascending) that can rank
     /// among its `k` largest logits with those logits, bit for bit as in the full row.
     pub top: Option<Vec<TopRow>>,
@@ -114,7 +108,7 @@ pub struct Gemma3 {
     rope_local: Rope,
     rope_global: Rope,
     precision: Precision,
-    /// Greedy rows' argmaxes without all logits: `exact` precision with a Q8_0 head, no
+    /// Rows' largest logits without all of them: `exact` precision with a Q8_0 head, no
     /// final soft-capping (which could tie distinct logits), and the CPU's screen kernel.
     screen: Option<ArgmaxScreen>,
 }
@@ -274,11 +268,10 @@ impl Gemma3 {
         cache.commit(m);
         let eps = self.cfg.rms_norm_eps as f32;
         let normed = rms_norm(&x, &self.final_norm, eps);
-        let (mut logits, mut argmax, mut top) = (None, None, None);
+        let (mut logits, mut top) = (None, None);
         match opts.logits {
             LogitsMode::All => logits = Some(self.logits(&normed, m)?),
             LogitsMode::Last => logits = Some(self.logits(&normed[(m - 1) * h..], 1)?),
-            LogitsMode::Argmax => argmax = Some(self.argmax(&normed, m)?),
             LogitsMode::Top(k) => match self.top(&normed, m, k)? {
                 Some(rows) => top = Some(rows),
                 None => logits = Some(self.logits(&normed, m)?),
@@ -291,7 +284,6 @@ impl Gemma3 {
             .collect::<candle_core::Result<Vec<_>>>()?;
         Ok(ForwardOutput {
             logits,
-            argmax,
             top,
             taps,
             last_hidden: Tensor::from_vec(normed, (m, h), &Device::Cpu)?,
@@ -299,19 +291,15 @@ impl Gemma3 {
     }
 
     fn logits(&self, normed: &[f32], rows: usize) -> Result<Tensor> {
-        Ok(Tensor::from_vec(
-            self.logits_vec(normed, rows)?,
-            (rows, self.cfg.vocab_size),
-            &Device::Cpu,
-        )?)
-    }
-
-    fn logits_vec(&self, normed: &[f32], rows: usize) -> Result<Vec<f32>> {
         let mut out = self.head.head().matmul(normed, rows)?;
         if let Some(cap) = self.cfg.final_logit_softcapping {
             softcap(&mut out, cap as f32);
         }
-        Ok(out)
+        Ok(Tensor::from_vec(
+            out,
+            (rows, self.cfg.vocab_size),
+            &Device::Cpu,
+        )?)
     }
 
     /// The logits that can rank among each row's `k` largest, through the screen for
@@ -322,19 +310,6 @@ impl Gemma3 {
             (Some(screen), Some(w), 2..) => Ok(Some(screen.top_rows(w, normed, rows, k)?.rows)),
             _ => Ok(None),
         }
-    }
-
-    /// Each row's first maximum of its logits: through the screen where the model has
-    /// one, else from the full logits.
-    fn argmax(&self, normed: &[f32], rows: usize) -> Result<Vec<u32>> {
-        if let Some(top) = self.top(normed, rows, 1)? {
-            return Ok(top.iter().map(TopRow::first_max).collect());
-        }
-        let logits = self.logits_vec(normed, rows)?;
-        Ok(logits
-            .chunks_exact(self.cfg.vocab_size)
-            .map(tandem_kernels::first_max)
-            .collect())
     }
 
     fn layer_forward(

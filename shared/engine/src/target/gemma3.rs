@@ -63,7 +63,6 @@ impl<M: Gemma3Model> TargetSequence for Sequence<'_, M> {
         let out = self.model.forward(tokens, pos, &mut self.cache, &opts)?;
         Ok(TargetStep {
             logits: out.logits,
-            argmax: out.argmax,
             top: out.top,
             snapshot: interleave(&out.taps, tokens.len())?,
         })

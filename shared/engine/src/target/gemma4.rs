@@ -96,7 +96,6 @@ impl TargetSequence for Sequence<'_> {
         }
         Ok(TargetStep {
             logits: out.logits,
-            argmax: None,
             top: None,
             snapshot,
         })

@@ -36,9 +36,6 @@ pub struct TargetFacts {
 pub struct TargetStep {
     /// `[rows, vocab]` f32 logits (`rows` = `m`, 1 or 0 by [`LogitsMode`]).
     pub logits: Option<Tensor>,
-    /// With [`LogitsMode::Argmax`], each row's first maximum, where the target finds it
-    /// without all logits (else `logits` holds every row).
-    pub argmax: Option<Vec<u32>>,
     /// With [`LogitsMode::Top`], per row the ids that can rank among its `k` largest
     /// logits, with those logits, where the target finds them without all logits.
     pub top: Option<Vec<TopRow>>,
