@@ -125,4 +125,4 @@ pub use lanes::LaneMatrix;
 pub use matrix::QMatrix;
 pub use qtype::QType;
 pub use screen::{first_max, ArgmaxScreen, TopRow, TopRows};
-pub use vector::{dot, gelu_tanh_mul, rms_norm, rms_norm_rows, softmax_weights};
+pub use vector::{dot, exp, gelu_tanh_mul, rms_norm, rms_norm_rows, softmax_weights};
