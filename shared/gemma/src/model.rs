@@ -19,7 +19,7 @@ use crate::kv_cache::KvCache;
 use crate::linear::Linear;
 use crate::loader::{self, TensorSource};
 use crate::names::{LayerTensor, Role};
-use crate::ops::{gelu_tanh_mul, rms_norm, rms_norm_rows, softcap, Rope};
+use crate::ops::{gelu_tanh_mul, rms_norm, rms_norm_rows, softcap, Rope, RopeAngles};
 
 /// How quantized weights meet activations on the CPU. Both are batch invariant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -254,8 +254,13 @@ impl Gemma3 {
             self.embed_into(*t, row)?;
         }
         let mut taps: Vec<Option<Vec<f32>>> = vec![None; opts.taps.len()];
+        let at = Positions {
+            pos,
+            local: self.rope_local.angles(pos, m),
+            global: self.rope_global.angles(pos, m),
+        };
         for (i, layer) in self.layers.iter().enumerate() {
-            if let Err(e) = self.layer_forward(layer, i, &mut x, pos, cache) {
+            if let Err(e) = self.layer_forward(layer, i, &mut x, &at, cache) {
                 cache.discard_uncommitted();
                 return Err(e);
             }
@@ -317,7 +322,7 @@ impl Gemma3 {
         l: &Layer,
         idx: usize,
         x: &mut [f32],
-        pos: usize,
+        at: &Positions,
         cache: &mut KvCache,
     ) -> Result<()> {
         let cfg = &self.cfg;
@@ -329,24 +334,20 @@ impl Gemma3 {
         let v = l.v.matmul(&normed, m)?;
         rms_norm_rows(&mut q, &l.q_norm, eps);
         rms_norm_rows(&mut k, &l.k_norm, eps);
-        let rope = if l.sliding {
-            &self.rope_local
-        } else {
-            &self.rope_global
-        };
+        let angles = if l.sliding { &at.local } else { &at.global };
         for (r, (qr, kr)) in q
             .chunks_exact_mut(cfg.q_dim())
             .zip(k.chunks_exact_mut(cfg.kv_dim()))
             .enumerate()
         {
-            rope.apply(qr, pos + r);
-            rope.apply(kr, pos + r);
+            angles.apply(qr, r);
+            angles.apply(kr, r);
         }
         let kv = cache.layer_mut(idx);
         kv.k.extend_from_slice(&k);
         kv.v.extend_from_slice(&v);
         let spec = AttnSpec {
-            pos0: pos,
+            pos0: at.pos,
             n_heads: cfg.num_attention_heads,
             n_kv_heads: cfg.num_key_value_heads,
             head_dim: hd,
@@ -368,4 +369,12 @@ impl Gemma3 {
         x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
         Ok(())
     }
+}
+
+/// Where a forward's block sits: its first position and the rotary angles of its positions
+/// for the sliding (local) and global layers, computed once for all layers.
+struct Positions {
+    pos: usize,
+    local: RopeAngles,
+    global: RopeAngles,
 }

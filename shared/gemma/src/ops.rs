@@ -57,8 +57,36 @@ impl Rope {
 
     /// Rotates every `head_dim`-wide head of `row` for absolute position `pos`.
     pub(crate) fn apply(&self, row: &mut [f32], pos: usize) {
-        let half = self.inv_freq.len();
-        let (cos, sin) = self.cos_sin(pos);
+        self.angles(pos, 1).apply(row, 0);
+    }
+
+    /// The cosines and sines of positions `pos..pos + m`, for every layer of a forward
+    /// that uses this rope (one `sin`/`cos` evaluation per angle and position).
+    pub(crate) fn angles(&self, pos: usize, m: usize) -> RopeAngles {
+        let (cos, sin) = (pos..pos + m)
+            .map(|p| self.cos_sin(p))
+            .unzip::<_, _, Vec<_>, Vec<_>>();
+        RopeAngles {
+            half: self.inv_freq.len(),
+            cos: cos.concat(),
+            sin: sin.concat(),
+        }
+    }
+}
+
+/// [`Rope::angles`]: the cosines and sines of consecutive positions.
+#[derive(Debug, Clone)]
+pub(crate) struct RopeAngles {
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeAngles {
+    /// Rotates each head of `row`, the `r`-th of the positions.
+    pub(crate) fn apply(&self, row: &mut [f32], r: usize) {
+        let half = self.half;
+        let (cos, sin) = (&self.cos[r * half..][..half], &self.sin[r * half..][..half]);
         for head in row.chunks_exact_mut(2 * half) {
             let (x1, x2) = head.split_at_mut(half);
             for i in 0..half {
