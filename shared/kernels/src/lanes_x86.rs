@@ -104,6 +104,12 @@ impl Lanes for Z {
             } else {
                 _mm512_and_si512(v, _mm512_set1_epi32(0x0F))
             };
+            if FIFTH && BIAS == 16 {
+                // `(c | bit << 4) − 16` is `c` where the bit is set, `c − 16` where not.
+                let clear = !mask.cast::<u16>().read_unaligned();
+                c = _mm512_mask_sub_epi32(c, clear, c, _mm512_set1_epi32(16));
+                return Z(_mm512_cvtepi32_ps(c));
+            }
             if FIFTH {
                 let m = mask.cast::<u16>().read_unaligned();
                 c = _mm512_mask_or_epi32(c, m, c, _mm512_set1_epi32(16));
