@@ -116,8 +116,10 @@ pub fn distribution(logits: &[f32], params: &SamplingParams) -> SparseDist {
         };
     }
     let inv_t = 1.0 / params.temperature as f64;
-    if params.top_k.is_none() && params.top_p >= 1.0 {
-        return dense(logits, inv_t);
+    match (params.top_k, params.top_p < 1.0) {
+        (None, false) => return dense(logits, inv_t),
+        (None, true) => return nucleus(logits, inv_t, params.top_p),
+        _ => {}
     }
     truncated(
         logits.iter().enumerate().map(|(i, l)| (i as u32, *l)),
@@ -143,7 +145,8 @@ pub fn distribution_of(ids: &[u32], values: &[f32], params: &SamplingParams) -> 
     truncated(ids.iter().copied().zip(values.iter().copied()), params)
 }
 
-/// Top-k, then temperature and top-p, over `(id, logit)` pairs in id order.
+/// Top-k, then temperature and top-p, over `(id, logit)` pairs in id order (top-p alone
+/// goes through [`nucleus`]).
 fn truncated(logits: impl Iterator<Item = (u32, f32)>, params: &SamplingParams) -> SparseDist {
     let inv_t = 1.0 / params.temperature as f64;
     let mut cand: Vec<(u32, f64)> = logits.map(|(i, l)| (i, l as f64 * inv_t)).collect();
@@ -177,6 +180,60 @@ fn truncated(logits: impl Iterator<Item = (u32, f32)>, params: &SamplingParams) 
     SparseDist {
         ids: cand.iter().map(|c| c.0).collect(),
         probs: cand.iter().map(|c| (c.1 / total) as f32).collect(),
+    }
+}
+
+/// Ids sorted per round of [`nucleus`] at first (then four times as many each round).
+const NUCLEUS_HEAD: usize = 64;
+
+/// Top-p alone: [`dense`]'s weights, then the smallest set of the most likely ids (by
+/// logit, ties to the lower id) whose share of their total reaches `top_p`, accumulated
+/// in that order. The set is found by selecting and sorting ever larger heads of the ids
+/// rather than sorting the whole vocabulary (measured: 10 ms per row of 262,144 logits
+/// sorted, a decode step's worth).
+fn nucleus(logits: &[f32], inv_t: f64, top_p: f32) -> SparseDist {
+    let mut w = Vec::new();
+    let total = tandem_kernels::softmax_weights(logits, inv_t as f32, &mut w);
+    // Larger key = larger logit (`total_cmp`'s order), then lower id.
+    let mut keys: Vec<u64> = logits
+        .iter()
+        .zip(0u32..)
+        .map(|(l, id)| {
+            let bits = l.to_bits();
+            let ordered = if bits >> 31 == 1 {
+                !bits
+            } else {
+                bits | 1 << 31
+            };
+            u64::from(ordered) << 32 | u64::from(u32::MAX - id)
+        })
+        .collect();
+    let id_of = |key: u64| u32::MAX - key as u32;
+    let (mut done, mut head, mut acc) = (0, NUCLEUS_HEAD, 0f64);
+    let keep = loop {
+        let end = (done + head).min(keys.len());
+        if end < keys.len() {
+            keys[done..].select_nth_unstable_by(end - done - 1, |a, b| b.cmp(a));
+        }
+        keys[done..end].sort_unstable_by(|a, b| b.cmp(a));
+        let reached = keys[done..end].iter().position(|&key| {
+            acc += w[id_of(key) as usize] as f64 / total;
+            acc >= top_p as f64
+        });
+        match reached {
+            Some(i) => break done + i + 1,
+            None if end == keys.len() => break end,
+            None => (done, head) = (end, head * 4),
+        }
+    };
+    let ids: Vec<u32> = keys[..keep].iter().map(|&key| id_of(key)).collect();
+    let kept: f64 = ids.iter().map(|&id| w[id as usize] as f64).sum();
+    SparseDist {
+        probs: ids
+            .iter()
+            .map(|&id| (w[id as usize] as f64 / kept) as f32)
+            .collect(),
+        ids,
     }
 }
 
@@ -304,6 +361,42 @@ mod tests {
             for _ in 0..5 {
                 prop_assert_eq!(a.sample(&logits), b.sample(&logits));
             }
+        }
+
+        /// Top-p alone selects what sorting every id would: the shortest prefix of the ids
+        /// ordered by logit (ties to the lower id) whose weights reach `top_p` of the total,
+        /// with the same probabilities, bit for bit, over vocabularies that take several
+        /// rounds of selection, tied logits, signed zeros and negative values.
+        #[test]
+        fn nucleus_equals_sorting_every_id(
+            picks in proptest::collection::vec(0usize..40, 1..3000),
+            t in 0.05f32..3.0, p in 0.01f32..1.0,
+        ) {
+            let grid: Vec<f32> = (0..40).map(|i| match i {
+                0 => -0.0,
+                1 => 0.0,
+                _ => (i as f32 - 25.0) * 0.37,
+            }).collect();
+            let logits: Vec<f32> = picks.iter().map(|&i| grid[i]).collect();
+            let inv_t = 1.0 / t as f64;
+            let got = nucleus(&logits, inv_t, p);
+            let mut w = Vec::new();
+            let total = tandem_kernels::softmax_weights(&logits, inv_t as f32, &mut w);
+            let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+            ids.sort_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b)));
+            let mut acc = 0f64;
+            let keep = ids
+                .iter()
+                .position(|&id| {
+                    acc += w[id as usize] as f64 / total;
+                    acc >= p as f64
+                })
+                .map_or(ids.len(), |i| i + 1);
+            ids.truncate(keep);
+            let kept: f64 = ids.iter().map(|&id| w[id as usize] as f64).sum();
+            let probs: Vec<u32> = ids.iter().map(|&id| ((w[id as usize] as f64 / kept) as f32).to_bits()).collect();
+            prop_assert_eq!(&got.ids, &ids);
+            prop_assert_eq!(got.probs.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), probs);
         }
 
         /// From any ids that hold the top k (ties at the boundary included; all ids
