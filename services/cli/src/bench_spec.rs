@@ -68,6 +68,9 @@ pub struct SpecArgs {
     /// Top-k of the sampled runs (none: every token).
     #[arg(long)]
     top_k: Option<usize>,
+    /// Top-p (nucleus mass) of the sampled runs (1: every token).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
     /// Times the whole comparison runs, each time plain then every γ, so that a machine
     /// that drifts slows every configuration alike; the figures sum over all. A warm-up
     /// generation, not counted, runs first.
@@ -105,6 +108,11 @@ pub struct SpecRun {
     pub speedup: f64,
 }
 
+/// The `top_p` of reports written before it was recorded: every token.
+fn every_token() -> f32 {
+    1.0
+}
+
 /// All runs at one temperature.
 #[derive(Serialize, Deserialize, Debug, Clone)]
 pub struct Mode {
@@ -112,6 +120,9 @@ pub struct Mode {
     /// Top-k of the sampled runs (greedy runs have none).
     #[serde(default)]
     pub top_k: Option<usize>,
+    /// Top-p of the sampled runs (1 for greedy runs and reports that predate it).
+    #[serde(default = "every_token")]
+    pub top_p: f32,
     pub plain_tok_s: f64,
     pub runs: Vec<SpecRun>,
 }
@@ -150,6 +161,13 @@ pub fn run(a: SpecArgs) -> Result<()> {
     {
         bail!("--prompts, --repeats and --gammas must be >= 1 and --max-tokens >= 2");
     }
+    SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+    }
+    .validate()?;
     let max_gamma = a.max_gamma();
     let rt = serve::runtime()?;
     let (engine, url) = match a.services {
@@ -258,8 +276,8 @@ fn mode(runner: &Runner<'_>, prompts: &[Vec<u32>], a: &SpecArgs, temperature: f3
     let sampling = SamplingParams {
         temperature,
         top_k: a.top_k,
+        top_p: a.top_p,
         seed: a.seed,
-        ..SamplingParams::default()
     };
     decode_all(runner, &prompts[..1], a, sampling, a.max_gamma())?;
     let mut plain = Tally::default();
@@ -291,6 +309,11 @@ fn mode(runner: &Runner<'_>, prompts: &[Vec<u32>], a: &SpecArgs, temperature: f3
     Ok(Mode {
         temperature,
         top_k: sampling.top_k.filter(|_| !sampling.is_greedy()),
+        top_p: if sampling.is_greedy() {
+            1.0
+        } else {
+            sampling.top_p
+        },
         plain_tok_s: plain.tok_s(),
         runs,
     })
@@ -427,8 +450,12 @@ fn print_report(r: &SpecReport) {
     );
     for m in &r.modes {
         let top_k = m.top_k.map(|k| format!(", top-k {k}")).unwrap_or_default();
+        let top_p = match m.top_p < 1.0 {
+            true => format!(", top-p {}", m.top_p),
+            false => String::new(),
+        };
         println!(
-            "T = {}{top_k}: plain {:.1} tok/s",
+            "T = {}{top_k}{top_p}: plain {:.1} tok/s",
             m.temperature, m.plain_tok_s
         );
         println!("    γ      τ   tok/s  speedup  draft%  acceptance per position");

@@ -257,6 +257,17 @@ fn bad_input_is_one_clear_line() {
         "temperature",
     );
     assert_one_line_error(
+        &tandem(&[
+            "bench",
+            "speculative",
+            "--prompts-file",
+            "/nonexistent/prompts.json",
+            "--top-p",
+            "1.5",
+        ]),
+        "top_p",
+    );
+    assert_one_line_error(
         &tandem(&["generate", "--prompt", "x", "--top-p", "0"]),
         "top_p",
     );
