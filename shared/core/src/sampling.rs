@@ -117,14 +117,38 @@ pub fn distribution(logits: &[f32], params: &SamplingParams) -> SparseDist {
     }
     let inv_t = 1.0 / params.temperature as f64;
     match (params.top_k, params.top_p < 1.0) {
-        (None, false) => return dense(logits, inv_t),
-        (None, true) => return nucleus(logits, inv_t, params.top_p),
-        _ => {}
+        (None, false) => dense(logits, inv_t),
+        (None, true) => nucleus(logits, inv_t, params.top_p),
+        (Some(k), _) => {
+            let mut keys: Vec<u64> = logits.iter().zip(0u32..).map(key).collect();
+            if k < keys.len() {
+                keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
+                keys.truncate(k);
+            }
+            truncated(
+                keys.iter()
+                    .map(|&key| (id_of(key), logits[id_of(key) as usize])),
+                params,
+            )
+        }
     }
-    truncated(
-        logits.iter().enumerate().map(|(i, l)| (i as u32, *l)),
-        params,
-    )
+}
+
+/// A sort key of `(logit, id)`: larger for a larger logit (`total_cmp`'s order), then for
+/// a lower id, so that one integer comparison orders ids as the sampler ranks them.
+fn key((logit, id): (&f32, u32)) -> u64 {
+    let bits = logit.to_bits();
+    let ordered = if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | 1 << 31
+    };
+    u64::from(ordered) << 32 | u64::from(u32::MAX - id)
+}
+
+/// The id of a [`key`].
+fn id_of(key: u64) -> u32 {
+    u32::MAX - key as u32
 }
 
 /// [`distribution`] from the logits `values` of some ids only (`ids` ascending), as the
@@ -145,8 +169,9 @@ pub fn distribution_of(ids: &[u32], values: &[f32], params: &SamplingParams) -> 
     truncated(ids.iter().copied().zip(values.iter().copied()), params)
 }
 
-/// Top-k, then temperature and top-p, over `(id, logit)` pairs in id order (top-p alone
-/// goes through [`nucleus`]).
+/// Top-k, then temperature and top-p, over `(id, logit)` pairs ([`distribution`] hands
+/// over the top `k` of a full row, selected on [`key`]s; top-p alone goes through
+/// [`nucleus`]).
 fn truncated(logits: impl Iterator<Item = (u32, f32)>, params: &SamplingParams) -> SparseDist {
     let inv_t = 1.0 / params.temperature as f64;
     let mut cand: Vec<(u32, f64)> = logits.map(|(i, l)| (i, l as f64 * inv_t)).collect();
@@ -194,21 +219,7 @@ const NUCLEUS_HEAD: usize = 64;
 fn nucleus(logits: &[f32], inv_t: f64, top_p: f32) -> SparseDist {
     let mut w = Vec::new();
     let total = tandem_kernels::softmax_weights(logits, inv_t as f32, &mut w);
-    // Larger key = larger logit (`total_cmp`'s order), then lower id.
-    let mut keys: Vec<u64> = logits
-        .iter()
-        .zip(0u32..)
-        .map(|(l, id)| {
-            let bits = l.to_bits();
-            let ordered = if bits >> 31 == 1 {
-                !bits
-            } else {
-                bits | 1 << 31
-            };
-            u64::from(ordered) << 32 | u64::from(u32::MAX - id)
-        })
-        .collect();
-    let id_of = |key: u64| u32::MAX - key as u32;
+    let mut keys: Vec<u64> = logits.iter().zip(0u32..).map(key).collect();
     let (mut done, mut head, mut acc) = (0, NUCLEUS_HEAD, 0f64);
     let keep = loop {
         let end = (done + head).min(keys.len());
