@@ -119,18 +119,7 @@ pub fn distribution(logits: &[f32], params: &SamplingParams) -> SparseDist {
     match (params.top_k, params.top_p < 1.0) {
         (None, false) => dense(logits, inv_t),
         (None, true) => nucleus(logits, inv_t, params.top_p),
-        (Some(k), _) => {
-            let mut keys: Vec<u64> = logits.iter().zip(0u32..).map(key).collect();
-            if k < keys.len() {
-                keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
-                keys.truncate(k);
-            }
-            truncated(
-                keys.iter()
-                    .map(|&key| (id_of(key), logits[id_of(key) as usize])),
-                params,
-            )
-        }
+        (Some(k), _) => truncated(logits.iter().zip(0u32..).map(key).collect(), k, params),
     }
 }
 
@@ -151,6 +140,15 @@ fn id_of(key: u64) -> u32 {
     u32::MAX - key as u32
 }
 
+/// The logit of a [`key`].
+fn logit_of(key: u64) -> f32 {
+    let ordered = (key >> 32) as u32;
+    f32::from_bits(match ordered >> 31 {
+        1 => ordered & !(1 << 31),
+        _ => !ordered,
+    })
+}
+
 /// [`distribution`] from the logits `values` of some ids only (`ids` ascending), as the
 /// target's screen returns them for greedy and top-k sampling. `ids` must hold every id
 /// that can rank among the `top_k` largest logits (the first maximum when greedy), ties
@@ -163,27 +161,29 @@ pub fn distribution_of(ids: &[u32], values: &[f32], params: &SamplingParams) -> 
             probs: vec![1.0],
         };
     }
-    if params.top_k.is_none() {
-        return distribution(values, params);
+    match params.top_k {
+        None => distribution(values, params),
+        Some(k) => truncated(
+            values.iter().zip(ids.iter().copied()).map(key).collect(),
+            k,
+            params,
+        ),
     }
-    truncated(ids.iter().copied().zip(values.iter().copied()), params)
 }
 
-/// Top-k, then temperature and top-p, over `(id, logit)` pairs ([`distribution`] hands
-/// over the top `k` of a full row, selected on [`key`]s; top-p alone goes through
-/// [`nucleus`]).
-fn truncated(logits: impl Iterator<Item = (u32, f32)>, params: &SamplingParams) -> SparseDist {
+/// Top-k, then temperature and top-p, over the [`key`]s of some ids' logits (top-p alone
+/// goes through [`nucleus`], temperature alone through [`dense`]).
+fn truncated(mut keys: Vec<u64>, k: usize, params: &SamplingParams) -> SparseDist {
     let inv_t = 1.0 / params.temperature as f64;
-    let mut cand: Vec<(u32, f64)> = logits.map(|(i, l)| (i, l as f64 * inv_t)).collect();
-    let by_logit_desc = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    if let Some(k) = params.top_k.filter(|k| *k < cand.len()) {
-        cand.select_nth_unstable_by(k - 1, by_logit_desc);
-        cand.truncate(k);
+    if k < keys.len() {
+        keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
+        keys.truncate(k);
     }
-    let sorted = params.top_p < 1.0 || params.top_k.is_some();
-    if sorted {
-        cand.sort_unstable_by(by_logit_desc);
-    }
+    keys.sort_unstable_by(|a, b| b.cmp(a));
+    let mut cand: Vec<(u32, f64)> = keys
+        .iter()
+        .map(|&key| (id_of(key), logit_of(key) as f64 * inv_t))
+        .collect();
     let max = cand.iter().map(|c| c.1).fold(f64::NEG_INFINITY, f64::max);
     let mut total = 0f64;
     for c in cand.iter_mut() {
@@ -372,6 +372,15 @@ mod tests {
             for _ in 0..5 {
                 prop_assert_eq!(a.sample(&logits), b.sample(&logits));
             }
+        }
+
+        /// A key orders like the sampler's ranking (logit by `total_cmp`, then lower id)
+        /// and gives back its logit's bits and its id.
+        #[test]
+        fn keys_rank_and_round_trip(a in any::<f32>(), b in any::<f32>(), i in any::<u32>(), j in any::<u32>()) {
+            let (ka, kb) = (key((&a, i)), key((&b, j)));
+            prop_assert_eq!(ka.cmp(&kb), a.total_cmp(&b).then(j.cmp(&i)));
+            prop_assert_eq!((logit_of(ka).to_bits(), id_of(ka)), (a.to_bits(), i));
         }
 
         /// Top-p alone selects what sorting every id would: the shortest prefix of the ids
