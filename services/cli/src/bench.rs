@@ -85,6 +85,7 @@ struct BlockCost {
 struct TargetReport {
     /// Where and how the target ran (`cpu exact`, `cuda:0 bf16`, ...).
     backend: String,
+    /// Threads of the pool the CPU kernels run on (`RAYON_NUM_THREADS`, else every core).
     threads: usize,
     prompt_tokens: usize,
     prefill_tok_s: f64,
@@ -143,7 +144,7 @@ fn target(a: TargetArgs) -> Result<()> {
     let blocks = block_costs(model.as_ref(), &ids, &a, step_ms)?;
     let report = TargetReport {
         backend: a.models.backend(),
-        threads: available_threads(),
+        threads: rayon::current_num_threads(),
         prompt_tokens: a.prompt_tokens,
         prefill_tok_s: median(prefill),
         decode_tokens: a.decode_tokens,
@@ -199,10 +200,6 @@ fn block_costs(
         });
     }
     Ok(out)
-}
-
-fn available_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 fn print_report(r: &TargetReport) {
