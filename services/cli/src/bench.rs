@@ -176,13 +176,13 @@ fn block_costs(
     seq.forward(&ids[..a.context], 0, LogitsMode::None, &no_taps)?;
     let mut out = Vec::new();
     for &b in &a.blocks {
+        let block = &ids[a.context..a.context + b];
         let (mut all, mut greedy) = (Vec::new(), Vec::new());
         for _ in 0..a.repeats.max(5) {
             for (mode, times) in [
                 (LogitsMode::All, &mut all),
                 (LogitsMode::Top(1), &mut greedy),
             ] {
-                let block = &ids[a.context..a.context + b];
                 let t = Instant::now();
                 seq.forward(block, a.context, mode, &no_taps)?;
                 times.push(t.elapsed().as_secs_f64() * 1000.0);
