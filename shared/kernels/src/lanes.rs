@@ -405,12 +405,8 @@ pub(crate) fn split_groups(
     f: impl Fn(usize, &mut [&mut [f32]]) + Sync,
 ) {
     let groups = n.div_ceil(LANES);
-    let threads = rayon::current_num_threads();
-    let macs = m.saturating_mul(k).saturating_mul(n);
-    let chunk = groups
-        .div_ceil(threads * TASKS_PER_THREAD)
-        .max(TASK_MIN_GROUPS);
-    if threads <= 1 || macs < PARALLEL_MIN_MACS || chunk >= groups {
+    let chunk = task_groups((m, k, n));
+    if chunk >= groups {
         let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(n).collect();
         f(0, &mut outs);
         return;
@@ -428,6 +424,20 @@ pub(crate) fn split_groups(
     tasks
         .into_par_iter()
         .for_each(|(g0, mut outs)| f(g0, &mut outs));
+}
+
+/// Groups per rayon task of an `m × k` by `k × n` product: a few tasks per
+/// thread, or all groups (one task on the calling thread) for small products.
+pub(crate) fn task_groups((m, k, n): (usize, usize, usize)) -> usize {
+    let groups = n.div_ceil(LANES);
+    let threads = rayon::current_num_threads();
+    let macs = m.saturating_mul(k).saturating_mul(n);
+    if threads <= 1 || macs < PARALLEL_MIN_MACS {
+        return groups;
+    }
+    groups
+        .div_ceil(threads * TASKS_PER_THREAD)
+        .max(TASK_MIN_GROUPS)
 }
 
 /// `Σ w_e·x_e` as one FMA chain in element order from zero: the arithmetic

@@ -108,6 +108,7 @@ mod quantize;
 #[cfg(target_arch = "x86_64")]
 mod quantize_avx2;
 mod screen;
+mod screen_scan;
 #[cfg(target_arch = "x86_64")]
 mod screen_x86;
 #[cfg(target_arch = "x86_64")]

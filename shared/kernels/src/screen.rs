@@ -31,21 +31,29 @@
 //!    values come from the lane product's own arithmetic on their one lane
 //!    (its portable loop, which gives every kernel's bits): their first
 //!    maximum is the index `argmax` of the full row would give, and their
-//!    `k` largest (ties to the lower index) are the full row's.
+//!    `k` largest (ties to the lower index) are the full row's. The
+//!    candidates are gathered while the scores stream past (`screen_scan`),
+//!    so no row of 262,144 scores is stored.
 //!
 //! Rows whose activations are not finite, or whose bound could overflow,
 //! are computed in full, as are all rows where the CPU lacks the screen's
 //! kernel (AVX-512 with VNNI and VBMI, not capped below [`Isa::AvxVnni`]).
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
-use crate::lanes::{fma_chain, split_groups, LaneMatrix, LANES};
+use crate::lanes::{fma_chain, task_groups, LaneMatrix, LANES};
 use crate::matrix::check_len;
 use crate::qtype::QK8_0;
+use crate::screen_scan::{merge, Collector, RowBound};
 use crate::{Isa, KernelError, QType};
 
 /// f32 unit roundoff.
 const U: f64 = f32::EPSILON as f64 / 2.0;
+/// Groups a thread scores before their scores go to the collectors (nine
+/// rows' scores of them, 18 KiB, stay in L1).
+const PASS_GROUPS: usize = 32;
 
 /// Row norms of a Q8_0 [`LaneMatrix`], for exact argmaxes of its products.
 #[derive(Debug, Clone)]
@@ -97,6 +105,10 @@ pub(crate) struct QuantRow {
     pub(crate) bias: Vec<i32>,
     /// `K` of the module docs, rounded up.
     bound: f32,
+    /// A bound on the magnitude of every screen score of the row:
+    /// `‖w_j‖·(‖x‖ + ‖e‖)·(1 + γ_{blocks+2})` at the largest norm, rounded
+    /// up (each score is a sum of `|dw·dx·S|` terms, rounded).
+    highest: f32,
 }
 
 impl QuantRow {
@@ -109,6 +121,7 @@ impl QuantRow {
             dx: Vec::with_capacity(blocks),
             bias: Vec::with_capacity(blocks),
             bound: 0.0,
+            highest: 0.0,
         };
         let (mut xx, mut ee) = (0f64, 0f64);
         for block in x.chunks_exact(QK8_0) {
@@ -137,6 +150,8 @@ impl QuantRow {
             return None;
         }
         row.bound = round_up(k);
+        let highest = f64::from(max_norm) * (xn + en) * (1.0 + gamma(blocks + 2));
+        row.highest = round_up(highest * (1.0 + 1e-6));
         Some(row)
     }
 }
@@ -214,13 +229,7 @@ impl ArgmaxScreen {
             .map(|x| screen.then(|| QuantRow::new(x, self.max_norm)).flatten())
             .collect();
         let rows: Vec<&QuantRow> = quant.iter().flatten().collect();
-        let mut scores = vec![0f32; rows.len() * self.n];
-        self.score(w, &rows, &mut scores);
-        let cands: Vec<Vec<usize>> = scores
-            .par_chunks_exact(self.n)
-            .zip(&rows)
-            .map(|(s, q)| self.candidates(s, q.bound, top.max(1)))
-            .collect();
+        let cands = self.screen(w, &rows, top.max(1));
         let mut out = TopRows {
             rows: Vec::with_capacity(m),
             candidates: 0,
@@ -249,99 +258,80 @@ impl ArgmaxScreen {
         Ok(out)
     }
 
-    /// Screen scores of `rows` into `scores` (`rows.len() × n`), the groups
-    /// split between threads.
-    fn score(&self, w: &LaneMatrix, rows: &[&QuantRow], scores: &mut [f32]) {
+    /// The candidates of each of `rows` (module docs), ascending. Threads
+    /// take ranges of groups; each scores its range a few groups at a time
+    /// into a small buffer and passes the scores to one [`Collector`] per
+    /// row, so no row of scores is ever stored whole.
+    fn screen(&self, w: &LaneMatrix, rows: &[&QuantRow], top: usize) -> Vec<Vec<usize>> {
         if rows.is_empty() {
-            return;
+            return Vec::new();
         }
-        split_groups((rows.len(), self.k, self.n), scores, |g0, outs| {
-            score_groups(w, rows, g0, outs)
-        });
+        let groups = self.n.div_ceil(LANES);
+        let chunk = task_groups((rows.len(), self.k, self.n));
+        let ranges: Vec<Range<usize>> = (0..groups)
+            .step_by(chunk)
+            .map(|g| g..(g + chunk).min(groups))
+            .collect();
+        let parts: Vec<Vec<Collector>> = match ranges.len() {
+            1 => vec![self.scan(w, rows, 0..groups, top)],
+            _ => ranges
+                .into_par_iter()
+                .map(|r| self.scan(w, rows, r, top))
+                .collect(),
+        };
+        let mut per_row: Vec<Vec<Collector>> = rows.iter().map(|_| Vec::new()).collect();
+        for part in parts {
+            per_row.iter_mut().zip(part).for_each(|(r, c)| r.push(c));
+        }
+        per_row.into_iter().map(merge).collect()
     }
 
-    /// Outputs that may hold the row's maximum, ascending (module docs),
-    /// vectorized for AVX-512 where the screen runs.
-    fn candidates(&self, s: &[f32], bound: f32, top: usize) -> Vec<usize> {
-        let row = Bounds {
-            norms: &self.norms,
-            max_norm: self.max_norm,
-            bound,
-        };
-        #[cfg(target_arch = "x86_64")]
-        if Self::available() {
-            // SAFETY: the screen kernel's features include AVX-512 F.
-            return unsafe { crate::screen_x86::candidates(s, &row, top) };
-        }
-        candidates(s, &row, top)
-    }
-}
-
-/// The bounds of one activation row: `B_j = norms[j] · bound`.
-pub(crate) struct Bounds<'a> {
-    pub(crate) norms: &'a [f32],
-    pub(crate) max_norm: f32,
-    pub(crate) bound: f32,
-}
-
-/// [`ArgmaxScreen::candidates`] of scores `s`: every output whose upper
-/// bound reaches the `top`-th largest lower bound (then at least `top`
-/// outputs are at or above that value, so each of the top `top` is one).
-/// Sixteen outputs at a time in element-wise loops the compiler vectorizes
-/// (a running `f32::max` would stay scalar); the `top` largest lower bounds
-/// are kept sorted, and a chunk none of whose bounds beats the smallest is
-/// passed over.
-#[inline(always)]
-pub(crate) fn candidates(s: &[f32], b: &Bounds<'_>, top: usize) -> Vec<usize> {
-    const W: usize = LANES;
-    let (mut best, mut highest) = (Vec::<f32>::with_capacity(top + 1), [0f32; W]);
-    let mut low = [0f32; W];
-    let chunks = s.chunks(W).zip(b.norms.chunks(W));
-    for (s, norms) in chunks.clone() {
-        let floor = if best.len() < top {
-            f32::NEG_INFINITY
-        } else {
-            best[0]
-        };
-        let mut beats = false;
-        for i in 0..s.len() {
-            low[i] = s[i] - norms[i] * b.bound;
-            beats |= low[i] > floor;
-            let a = s[i].abs();
-            highest[i] = if a > highest[i] { a } else { highest[i] };
-        }
-        if beats {
-            for &v in &low[..s.len()] {
-                if best.len() < top || v > best[0] {
-                    let at = best.partition_point(|&x| x < v);
-                    best.insert(at, v);
-                    if best.len() > top {
-                        best.remove(0);
-                    }
-                }
+    /// One [`Collector`] per row over the outputs of `groups`.
+    fn scan(
+        &self,
+        w: &LaneMatrix,
+        rows: &[&QuantRow],
+        groups: Range<usize>,
+        top: usize,
+    ) -> Vec<Collector> {
+        let mut found: Vec<Collector> = rows
+            .iter()
+            .map(|q| {
+                Collector::new(RowBound {
+                    top,
+                    bound: q.bound,
+                    max_norm: self.max_norm,
+                    highest: q.highest,
+                })
+            })
+            .collect();
+        let width = PASS_GROUPS * LANES;
+        let mut buf = vec![0f32; rows.len() * width];
+        for g0 in groups.clone().step_by(PASS_GROUPS) {
+            let col0 = g0 * LANES;
+            let cols = ((groups.end - g0) * LANES).min(width).min(self.n - col0);
+            let mut outs: Vec<&mut [f32]> = buf
+                .chunks_exact_mut(width)
+                .map(|o| &mut o[..cols])
+                .collect();
+            score_groups(w, rows, g0, &mut outs);
+            let norms = &self.norms[col0..col0 + cols];
+            for (c, s) in found.iter_mut().zip(&outs) {
+                collect(c, col0, s, norms);
             }
         }
+        found
     }
-    let highest = highest.iter().fold(0f32, |m, &v| m.max(v));
-    // The f32 sums above round by at most 2⁻²⁴ of `highest + max_norm ·
-    // bound` each; 1e-30 covers products and scales that underflow.
-    let slack = 1e-6 * (highest + b.max_norm * b.bound) + 1e-30;
-    let floor = match best.len() < top {
-        true => f32::NEG_INFINITY,
-        false => best[0] - slack,
-    };
-    let mut out = Vec::new();
-    for (c, (s, norms)) in chunks.enumerate() {
-        let mut hits = 0u32;
-        for i in 0..s.len() {
-            hits |= u32::from(s[i] + norms[i] * b.bound >= floor) << i;
-        }
-        while hits != 0 {
-            out.push(c * W + hits.trailing_zeros() as usize);
-            hits &= hits - 1;
-        }
+}
+
+/// [`Collector::push`], compiled for AVX-512 where the screen runs.
+fn collect(c: &mut Collector, col0: usize, s: &[f32], norms: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if ArgmaxScreen::available() {
+        // SAFETY: the screen kernel's features include AVX-512 F.
+        return unsafe { crate::screen_x86::collect(c, col0, s, norms) };
     }
-    out
+    c.push(col0, s, norms);
 }
 
 /// Screen scores of groups `g0..` (covering `outs[r]`) for every row `r`.
@@ -479,7 +469,8 @@ mod tests {
         score_portable(&w, &refs, 0, &mut outs);
         if ArgmaxScreen::available() {
             let mut got = vec![f32::NAN; m * n];
-            screen.score(&w, &refs, &mut got);
+            let mut outs: Vec<&mut [f32]> = got.chunks_exact_mut(n).collect();
+            score_groups(&w, &refs, 0, &mut outs);
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want));
         }
