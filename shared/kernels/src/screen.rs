@@ -305,6 +305,7 @@ impl ArgmaxScreen {
                 })
             })
             .collect();
+        let simd = Self::available();
         let width = PASS_GROUPS * LANES;
         let mut buf = vec![0f32; rows.len() * width];
         for g0 in groups.clone().step_by(PASS_GROUPS) {
@@ -317,17 +318,19 @@ impl ArgmaxScreen {
             score_groups(w, rows, g0, &mut outs);
             let norms = &self.norms[col0..col0 + cols];
             for (c, s) in found.iter_mut().zip(&outs) {
-                collect(c, col0, s, norms);
+                collect(simd, c, col0, s, norms);
             }
         }
         found
     }
 }
 
-/// [`Collector::push`], compiled for AVX-512 where the screen runs.
-fn collect(c: &mut Collector, col0: usize, s: &[f32], norms: &[f32]) {
+/// [`Collector::push`], compiled for AVX-512 when `simd` (the screen runs:
+/// [`ArgmaxScreen::available`], checked once per range by the caller).
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn collect(simd: bool, c: &mut Collector, col0: usize, s: &[f32], norms: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if ArgmaxScreen::available() {
+    if simd {
         // SAFETY: the screen kernel's features include AVX-512 F.
         return unsafe { crate::screen_x86::collect(c, col0, s, norms) };
     }
