@@ -49,6 +49,12 @@ const VEC_BYTES: usize = LANES * 4;
 const PARALLEL_MIN_MACS: usize = 1 << 17;
 /// Groups handed to one rayon task at least.
 const TASK_MIN_GROUPS: usize = 3;
+/// Records a tile of several activation rows (screen or exact) prefetches
+/// ahead of the one it reads, per group ([`crate::simd::prefetch_record`]);
+/// one-row tiles do not (their eight group streams already keep memory busy:
+/// no gain measured).
+#[cfg(target_arch = "x86_64")]
+pub(crate) const PREFETCH_RECORDS: usize = 8;
 /// Rayon tasks per thread, for load balance.
 const TASKS_PER_THREAD: usize = 4;
 

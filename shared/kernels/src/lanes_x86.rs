@@ -10,7 +10,8 @@
 
 use std::arch::x86_64::*;
 
-use crate::lanes::{Codes, Format, LaneMatrix, Offsets, LANES};
+use crate::lanes::{Codes, Format, LaneMatrix, Offsets, LANES, PREFETCH_RECORDS};
+use crate::simd::prefetch_record;
 use crate::Isa;
 
 /// Activation rows per tile with AVX-512 (27 accumulators at three groups).
@@ -24,13 +25,6 @@ const ROWS_256: usize = 6;
 /// one row, two threads: 8 groups 0.75–1.30 (median 0.92) of the time of
 /// the chains of `QMatrix::matmul_exact`, 3 groups 1.17–1.20.
 const GROUPS_512_ONE_ROW: usize = 8;
-/// Records ahead of the one being read that each group's stream prefetches
-/// in tiles of several rows (the products of a verified block). Measured on
-/// a Zen 5, alternating in one process: the nine-row LM head 9.7–9.9 →
-/// 9.1 ms, and in the matmul bench (cold weights) 13.3–14.6 → 11.3–11.9 ms,
-/// nine-row k-quant products 5–20 % faster; one row (decoding) gains
-/// nothing, its eight streams already keep memory busy.
-const PREFETCH_RECORDS: usize = 8;
 /// [`GROUPS_512_ONE_ROW`] with AVX2: eight accumulators (Gemma 3 270M
 /// decode on a Zen 4 capped at `avx2`: 19.3 ms, against 22.1 with two).
 const GROUPS_256_ONE_ROW: usize = 4;
@@ -321,11 +315,7 @@ unsafe fn tile<
                     offset[j] = V::load(rec[j].add(64));
                 }
                 if R > 1 {
-                    // Prefetches never fault: past the matrix they are dropped.
-                    let ahead = rec[j].wrapping_add(PREFETCH_RECORDS * rec_bytes);
-                    for l in (0..rec_bytes).step_by(64) {
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l).cast());
-                    }
+                    prefetch_record(rec[j], PREFETCH_RECORDS, rec_bytes);
                 }
             }
             let x = job.x.add(s * f.sub);

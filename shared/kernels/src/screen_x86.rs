@@ -14,21 +14,17 @@
 
 use std::arch::x86_64::*;
 
-use crate::lanes::{LaneMatrix, LANES};
+use crate::lanes::{LaneMatrix, LANES, PREFETCH_RECORDS};
 use crate::qtype::QK8_0;
 use crate::screen::QuantRow;
 use crate::screen_scan::Collector;
+use crate::simd::prefetch_record;
 
 /// Activation rows per tile.
 const ROWS: usize = 9;
 /// Groups per tile (each broadcast activation feeds this many products);
 /// a last odd group runs alone.
 const GROUPS: usize = 2;
-/// Records ahead of the one being read that each group's stream prefetches
-/// (into L1). Without it the tile waits on its code loads: on a Zen 5 the
-/// nine-row screen of the LM head took longer than the exact product
-/// (11.3–11.9 against 10.0–11.4 ms); with it 8.7–9.1 ms.
-const PREFETCH_RECORDS: usize = 8;
 
 /// Whether the CPU has the kernel's instructions.
 pub(crate) fn available() -> bool {
@@ -159,11 +155,7 @@ unsafe fn tile<const R: usize, const NG: usize>(job: &Job<'_>, out: &mut [[f32; 
             for j in 0..NG {
                 rec[j] = job.groups.add(j * job.group_bytes + b * job.record_bytes);
                 dw[j] = _mm512_cvtph_ps(_mm256_loadu_si256(rec[j].cast()));
-                // Prefetches never fault: past the matrix they are dropped.
-                let ahead = rec[j].wrapping_add(PREFETCH_RECORDS * job.record_bytes);
-                for l in (0..job.record_bytes).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l).cast());
-                }
+                prefetch_record(rec[j], PREFETCH_RECORDS, job.record_bytes);
             }
             let mut dots = [[_mm512_setzero_si512(); NG]; R];
             for r in 0..R {

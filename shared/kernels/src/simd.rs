@@ -176,6 +176,22 @@ pub(crate) fn prefetch_l2(bytes: &[u8], at: usize, len: usize) {
     prefetch_lines::<_MM_HINT_T1>(bytes, at, len);
 }
 
+/// Hints into L1 the `len` bytes of the lane-packed record `records` ahead
+/// of the one at `record` (`len` bytes each), one prefetch per 64 bytes; the
+/// address need not lie in the matrix (a prefetch never faults, and one past
+/// the end is dropped). Measured on a Zen 5 with eight records ahead: the
+/// nine-row screen of the LM head 11.3–11.9 → 8.7–9.1 ms (it waited on its
+/// code loads), the exact nine-row product 9.7–9.9 → 9.1 ms in one process
+/// and 13.3–14.6 → 11.3–11.9 ms in the matmul bench (cold weights).
+#[inline(always)]
+pub(crate) fn prefetch_record(record: *const u8, records: usize, len: usize) {
+    let ahead = record.wrapping_add(records * len);
+    for l in (0..len).step_by(64) {
+        // SAFETY: a prefetch never faults or changes program state.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l).cast()) };
+    }
+}
+
 /// One `_mm_prefetch` with hint `HINT` per 64 bytes of `bytes[at..at + len]`
 /// (clamped to the slice).
 #[inline]
