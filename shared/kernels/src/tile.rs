@@ -38,12 +38,15 @@ pub(crate) use dispatch_group;
 /// `rows` (of `rb` bytes each in `w`) `J` at a time with activation rows
 /// `r0..r0 + R`. Up to [`MAX_GROUP`] activation rows form a single group
 /// and the weight rows are visited once, several at a time when the group
-/// is small (`J` = 4 for up to two rows, 2 for up to four) so that enough
-/// independent accumulators are in flight. A single row (decoding) reads
-/// one weight row at a time, as one sequential stream from memory, unless
-/// `$side_by_side` (types whose unpacking, not memory, bounds the kernel).
-/// More rows are split into groups of 5 to 9 rows, all visiting one weight
-/// row before the next.
+/// is small (`J` = 2 for two to four rows) so that enough independent
+/// accumulators are in flight. A single row (decoding) reads one weight row
+/// at a time, as one sequential stream from memory, unless `$side_by_side`
+/// (types whose unpacking, not memory, bounds the kernel), which read four
+/// rows side by side for one or two activation rows. (Four Q8_0 weight rows
+/// against two activation rows took twice as long as two: the Q8_0 LM head
+/// at M = 2, capped at AVX2 on a Zen 5, 15.2–17.7 ms against 7.7.) More
+/// rows are split into groups of 5 to 9 rows, all visiting one weight row
+/// before the next.
 macro_rules! dispatch_tiles {
     ($tile:ident::<$t:ident>($w:expr, $rb:expr, $acts:expr, $outs:expr), $side_by_side:expr) => {{
         let (w, rb, acts, outs) = ($w, $rb, $acts, $outs);
@@ -51,7 +54,8 @@ macro_rules! dispatch_tiles {
         match outs.len() {
             1 if $side_by_side => $tile::<$t, 1, 4>(w, rb, 0..n, acts, 0, outs),
             1 => $tile::<$t, 1, 1>(w, rb, 0..n, acts, 0, outs),
-            2 => $tile::<$t, 2, 4>(w, rb, 0..n, acts, 0, outs),
+            2 if $side_by_side => $tile::<$t, 2, 4>(w, rb, 0..n, acts, 0, outs),
+            2 => $tile::<$t, 2, 2>(w, rb, 0..n, acts, 0, outs),
             3 => $tile::<$t, 3, 2>(w, rb, 0..n, acts, 0, outs),
             4 => $tile::<$t, 4, 2>(w, rb, 0..n, acts, 0, outs),
             5 => $tile::<$t, 5, 1>(w, rb, 0..n, acts, 0, outs),
