@@ -49,10 +49,10 @@ const VEC_BYTES: usize = LANES * 4;
 const PARALLEL_MIN_MACS: usize = 1 << 17;
 /// Groups handed to one rayon task at least.
 const TASK_MIN_GROUPS: usize = 3;
-/// Records a tile of several activation rows (screen or exact) prefetches
-/// ahead of the one it reads, per group ([`crate::simd::prefetch_record`]);
-/// one-row tiles do not (their eight group streams already keep memory busy:
-/// no gain measured).
+/// Records a tile prefetches ahead of the one it reads, per group
+/// ([`crate::simd::prefetch_record`]): the screen's and the exact tiles of
+/// several activation rows, and the 256-bit exact tile of one row (the
+/// 512-bit one-row tile's eight group streams already keep memory busy).
 #[cfg(target_arch = "x86_64")]
 pub(crate) const PREFETCH_RECORDS: usize = 8;
 /// Rayon tasks per thread, for load balance.

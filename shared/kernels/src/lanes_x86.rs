@@ -32,6 +32,13 @@ const GROUPS_256_ONE_ROW: usize = 4;
 /// Sixteen f32 lanes and the operations a tile needs. Every method requires
 /// the target features of its type.
 trait Lanes: Copy {
+    /// Whether a tile of one activation row prefetches its records as the
+    /// tiles of several rows do ([`PREFETCH_RECORDS`] ahead). Measured on
+    /// the Q8_0 LM head, one row, two threads, Zen 5: with the 256-bit
+    /// tiles (capped at `avx2`) 7.2–8.2 ms without, 5.5–7.2 with; the
+    /// 512-bit tile, reading eight groups side by side, gained nothing
+    /// clear (5.0–7.7 ms without, 5.3–6.2 with).
+    const ONE_ROW_PREFETCH: bool;
     unsafe fn zero() -> Self;
     /// Sixteen f32 at `p`.
     unsafe fn load(p: *const u8) -> Self;
@@ -60,6 +67,7 @@ trait Lanes: Copy {
 struct Z(__m512);
 
 impl Lanes for Z {
+    const ONE_ROW_PREFETCH: bool = false;
     #[inline(always)]
     unsafe fn zero() -> Self {
         // SAFETY (all methods): the caller runs with AVX-512 F and BW.
@@ -172,6 +180,7 @@ impl Y {
 }
 
 impl Lanes for Y {
+    const ONE_ROW_PREFETCH: bool = true;
     #[inline(always)]
     unsafe fn zero() -> Self {
         // SAFETY (all methods): the caller runs with AVX2, FMA and F16C.
@@ -314,7 +323,7 @@ unsafe fn tile<
                 if STORED {
                     offset[j] = V::load(rec[j].add(64));
                 }
-                if R > 1 {
+                if R > 1 || V::ONE_ROW_PREFETCH {
                     prefetch_record(rec[j], PREFETCH_RECORDS, rec_bytes);
                 }
             }
