@@ -33,6 +33,9 @@ enum Acts<'a> {
     #[cfg(target_arch = "x86_64")]
     Q8_0Tiles(crate::q8_amx::Packed),
     Q8K(Q8KActs),
+    /// Two or more Q8_K activation rows interleaved for the AVX-512 pair kernel.
+    #[cfg(target_arch = "x86_64")]
+    Q8KPairs(crate::kquants_avx512::Pairs),
 }
 
 impl QMatrix {
@@ -112,7 +115,7 @@ impl QMatrix {
             QType::F32 | QType::F16 => Acts::F32(x),
             QType::Q4_0 | QType::Q5_0 | QType::Q8_0 => q8_0_acts(isa, x, m, k),
             QType::Q4_K | QType::Q5_K | QType::Q6_K | QType::Q8_K => {
-                Acts::Q8K(Q8KActs::quantize(x, m, k))
+                q8k_acts(isa, self.qtype, x, m, k)
             }
         };
         self.run(isa, &acts, m, out);
@@ -177,10 +180,9 @@ impl QMatrix {
                         }
                     }
                     Acts::Q8_0(a) => crate::q8_x86::rows_avx2(q, w, k, a, outs),
+                    Acts::Q8KPairs(p) => crate::kquants_avx512::rows(q, w, k, p, outs),
                     Acts::Q8K(a) if matches!(isa, Isa::AvxVnni | Isa::Amx) => {
-                        if outs.len() >= 2 && crate::kquants_avx512::handles(q) {
-                            crate::kquants_avx512::rows(q, w, k, a, outs)
-                        } else if crate::isa::vex_vnni() {
+                        if crate::isa::vex_vnni() {
                             crate::kquants_avx2::rows_vnni(q, w, k, a, outs)
                         } else {
                             crate::kquants_avx2::rows_vnni_evex(q, w, k, a, outs)
@@ -198,6 +200,8 @@ impl QMatrix {
             #[cfg(target_arch = "x86_64")]
             Acts::Q8_0Tiles(a) => q8::rows_scalar(q, w, k, a.acts(), outs),
             Acts::Q8K(a) => kquants::rows_scalar(q, w, k, a, outs),
+            #[cfg(target_arch = "x86_64")]
+            Acts::Q8KPairs(p) => kquants::rows_scalar(q, w, k, p.acts(), outs),
         }
     }
 
@@ -250,6 +254,19 @@ fn q8_0_acts<'a>(isa: Isa, x: &[f32], m: usize, k: usize) -> Acts<'a> {
         return Acts::Q8_0Tiles(crate::q8_amx::Packed::new(acts, m, k));
     }
     Acts::Q8_0(Q8_0Acts::quantize(x, m, k, isa == Isa::AvxVnni))
+}
+
+/// Q8_K activations as the kernels of `isa` take them for `qtype` weights:
+/// two or more rows interleaved by pairs where the AVX-512 pair kernel runs.
+fn q8k_acts<'a>(isa: Isa, qtype: QType, x: &[f32], m: usize, k: usize) -> Acts<'a> {
+    let acts = Q8KActs::quantize(x, m, k);
+    #[cfg(target_arch = "x86_64")]
+    if m >= 2 && matches!(isa, Isa::AvxVnni | Isa::Amx) && crate::kquants_avx512::handles(qtype) {
+        // SAFETY: `handles` detected AVX-512 F, BW, VL and VNNI at runtime,
+        // and `isa` (checked available by `matmul_with`) AVX2, FMA, F16C.
+        return Acts::Q8KPairs(unsafe { crate::kquants_avx512::Pairs::new(acts, m, k) });
+    }
+    Acts::Q8K(acts)
 }
 
 /// Validates the implementation and the buffer sizes of a matmul call: `m`
