@@ -426,14 +426,23 @@ macro_rules! pick {
 }
 
 /// The tile function for `rows` rows (at most the ISA's tile height) and
-/// `ng` groups (the ISA's width, or 1).
+/// `ng` groups: the ISA's width, 1 or (AVX-512) 2, or for one row any count
+/// up to its one-row width.
 fn tile_fn(wide: bool, format: Format, rows: usize, ng: usize) -> TileFn {
     match (wide, ng) {
         (true, 1) => pick!(tile512, 1, format, rows, 1 2 3 4 5 6 7 8 9),
+        (true, 2) => pick!(tile512, 2, format, rows, 1 2 3 4 5 6 7 8 9),
+        (true, GROUPS_512) => pick!(tile512, 3, format, rows, 1 2 3 4 5 6 7 8 9),
+        (true, 4) => pick!(tile512, 4, format, rows, 1),
+        (true, 5) => pick!(tile512, 5, format, rows, 1),
+        (true, 6) => pick!(tile512, 6, format, rows, 1),
+        (true, 7) => pick!(tile512, 7, format, rows, 1),
         (true, GROUPS_512_ONE_ROW) => pick!(tile512, 8, format, rows, 1),
-        (true, _) => pick!(tile512, 3, format, rows, 1 2 3 4 5 6 7 8 9),
+        (false, 1) => pick!(tile256, 1, format, rows, 1 2 3 4 5 6),
+        (false, 2) => pick!(tile256, 2, format, rows, 1),
+        (false, 3) => pick!(tile256, 3, format, rows, 1),
         (false, GROUPS_256_ONE_ROW) => pick!(tile256, 4, format, rows, 1),
-        (false, _) => pick!(tile256, 1, format, rows, 1 2 3 4 5 6),
+        _ => unreachable!("{ng} groups exceed the tile"),
     }
 }
 
@@ -475,7 +484,15 @@ pub(crate) fn groups(wide: bool, w: &LaneMatrix, x: &[f32], g0: usize, outs: &mu
     let mut buf = vec![[0f32; LANES]; rows_max * width];
     let mut g = 0;
     while g < groups {
-        let ng = if groups - g >= width { width } else { 1 };
+        // What is left of a task runs in as few tiles as the widths allow:
+        // single-group tiles of one or two rows leave one or two FMA chains
+        // in flight (Q4_K 640 × 2048 in tasks of five groups ran
+        // latency-bound, two rows slower than three).
+        let ng = match groups - g {
+            left if left >= width => width,
+            left if outs.len() == 1 || left == 2 => left,
+            _ => 1,
+        };
         for r0 in (0..outs.len()).step_by(rows_max) {
             let rows = rows_max.min(outs.len() - r0);
             let job = Job {
@@ -507,15 +524,17 @@ mod tests {
     use crate::{QMatrix, QType};
 
     /// The AVX2 tiles, which this CPU would not pick when it has AVX-512,
-    /// against the portable loop, bit for bit, on every quantized type and
-    /// tile height (1..=13 rows: full and partial tiles), 5 groups and a
-    /// partial one (a four-group single-row tile and single groups).
+    /// and the AVX-512 tiles where it has them, against the portable loop,
+    /// bit for bit, on every quantized type: 1..=13 rows over 5 groups and
+    /// a partial one, and over 4 and a partial one (full and partial tiles,
+    /// two groups left after a three-group tile), and one row over 1..=9
+    /// groups (one-row tiles of every width up to 8 and the rest).
     #[test]
-    fn the_avx2_tiles_give_the_portable_bits() {
+    fn the_tiles_give_the_portable_bits() {
         if !Isa::Avx2.is_available() {
             return;
         }
-        let (n, k) = (88, 256);
+        let k = 256;
         let mut seed = 0x9E37_79B9_7F4A_7C15u64;
         let mut next = || {
             seed ^= seed << 13;
@@ -523,31 +542,40 @@ mod tests {
             seed ^= seed << 17;
             seed
         };
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw");
+        let shapes = [(88, 13), (75, 13)]
+            .into_iter()
+            .chain((1..=9).map(|g| (16 * g - 5, 1)));
         for qtype in QType::ALL.into_iter().filter(|q| q.block_size() > 1) {
-            let len = qtype.row_bytes(k).expect("whole blocks") * n;
-            let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
-            for blk in bytes.chunks_exact_mut(qtype.block_bytes()) {
-                match qtype {
-                    QType::Q6_K => blk[208..210].copy_from_slice(&[0x00, 0x20]),
-                    QType::Q8_K => blk[0..4].copy_from_slice(&0.01f32.to_le_bytes()),
-                    QType::Q4_K | QType::Q5_K => blk[0..4].copy_from_slice(&[0, 0x20, 0, 0x1c]),
-                    _ => blk[0..2].copy_from_slice(&[0x00, 0x20]),
+            for (n, rows) in shapes.clone() {
+                let len = qtype.row_bytes(k).expect("whole blocks") * n;
+                let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+                for blk in bytes.chunks_exact_mut(qtype.block_bytes()) {
+                    match qtype {
+                        QType::Q6_K => blk[208..210].copy_from_slice(&[0x00, 0x20]),
+                        QType::Q8_K => blk[0..4].copy_from_slice(&0.01f32.to_le_bytes()),
+                        QType::Q4_K | QType::Q5_K => blk[0..4].copy_from_slice(&[0, 0x20, 0, 0x1c]),
+                        _ => blk[0..2].copy_from_slice(&[0x00, 0x20]),
+                    }
                 }
-            }
-            let w = QMatrix::new(qtype, n, k, bytes).expect("valid bytes");
-            let w = LaneMatrix::pack(&w).expect("quantized");
-            for m in 1..=13 {
-                let x: Vec<f32> = (0..m * k)
-                    .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
-                    .collect();
-                let mut want = vec![0f32; m * n];
-                w.matmul_with(Isa::Scalar, &x, m, &mut want)
-                    .expect("portable");
-                let mut got = vec![f32::NAN; m * n];
-                let mut outs: Vec<&mut [f32]> = got.chunks_exact_mut(n).collect();
-                groups(false, &w, &x, 0, &mut outs);
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "{qtype:?} m={m}");
+                let w = QMatrix::new(qtype, n, k, bytes).expect("valid bytes");
+                let w = LaneMatrix::pack(&w).expect("quantized");
+                for m in 1..=rows {
+                    let x: Vec<f32> = (0..m * k)
+                        .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+                        .collect();
+                    let mut want = vec![0f32; m * n];
+                    w.matmul_with(Isa::Scalar, &x, m, &mut want)
+                        .expect("portable");
+                    for wide in [false, true].into_iter().filter(|&wide| !wide || avx512) {
+                        let mut got = vec![f32::NAN; m * n];
+                        let mut outs: Vec<&mut [f32]> = got.chunks_exact_mut(n).collect();
+                        groups(wide, &w, &x, 0, &mut outs);
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&got), bits(&want), "{qtype:?} n={n} m={m} wide={wide}");
+                    }
+                }
             }
         }
     }
