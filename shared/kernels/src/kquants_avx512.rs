@@ -33,8 +33,8 @@ pub(crate) fn handles(qtype: QType) -> bool {
 /// Q8_K activation rows prepared for [`rows`]: split into groups of up to
 /// [`MAX_GROUP`] rows, each group's pairs interleaved. Built once per
 /// product, on the calling thread, and read by every thread's range of
-/// weight rows (built per range, it cost 3.6 µs each for nine rows of
-/// 2,048: eight ranges took a quarter of a two-thread Q4_K product).
+/// weight rows (it was built again for each range: eight times per product
+/// with two threads).
 pub(crate) struct Pairs {
     acts: Q8KActs,
     groups: Vec<Group>,

@@ -258,6 +258,7 @@ fn q8_0_acts<'a>(isa: Isa, x: &[f32], m: usize, k: usize) -> Acts<'a> {
 
 /// Q8_K activations as the kernels of `isa` take them for `qtype` weights:
 /// two or more rows interleaved by pairs where the AVX-512 pair kernel runs.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 fn q8k_acts<'a>(isa: Isa, qtype: QType, x: &[f32], m: usize, k: usize) -> Acts<'a> {
     let acts = Q8KActs::quantize(x, m, k);
     #[cfg(target_arch = "x86_64")]
