@@ -77,8 +77,11 @@ pub(crate) struct GgufSource {
 
 impl GgufSource {
     pub(crate) fn open(path: &Path) -> Result<Self> {
-        let mut file = std::fs::File::open(path).map_err(|e| GemmaError::io(path, e))?;
-        let content = gguf_file::Content::read(&mut file).map_err(|e| {
+        let file = std::fs::File::open(path).map_err(|e| GemmaError::io(path, e))?;
+        // Buffered: the header holds the whole vocabulary (262k strings, scores and types),
+        // which candle reads a field at a time: unbuffered, one system call each.
+        let mut reader = std::io::BufReader::with_capacity(1 << 20, &file);
+        let content = gguf_file::Content::read(&mut reader).map_err(|e| {
             GemmaError::format(
                 path,
                 format!("not a readable GGUF file: {}", candle_message(&e)),
