@@ -241,14 +241,24 @@ impl LaneMatrix {
         let rec = format.record_bytes();
         let group_bytes = k / format.sub * rec;
         let groups = n.div_ceil(LANES);
-        let mut lines = vec![Line([0; 64]); (groups * group_bytes).div_ceil(64)];
+        // Zeroed in parallel: the first touch of each page (a fault and a clear) is most of
+        // the cost of packing the LM head.
+        let mut lines = Vec::new();
+        lines.par_extend(rayon::iter::repeat_n(
+            Line([0; 64]),
+            (groups * group_bytes).div_ceil(64),
+        ));
         let row_bytes = w.as_bytes().len() / n;
-        let bytes = lines_as_bytes_mut(&mut lines);
-        for (r, row) in w.as_bytes().chunks_exact(row_bytes).enumerate() {
-            let rc = row_codes(qtype, format, row, k);
-            let group = &mut bytes[r / LANES * group_bytes..][..group_bytes];
-            put_row(format, &rc, r % LANES, group);
-        }
+        let bytes = &mut lines_as_bytes_mut(&mut lines)[..groups * group_bytes];
+        let rows = w.as_bytes().par_chunks(LANES * row_bytes);
+        bytes
+            .par_chunks_mut(group_bytes)
+            .zip(rows)
+            .for_each(|(group, rows)| {
+                for (lane, row) in rows.chunks_exact(row_bytes).enumerate() {
+                    put_row(format, &row_codes(qtype, format, row, k), lane, group);
+                }
+            });
         Ok(LaneMatrix {
             qtype,
             n,
