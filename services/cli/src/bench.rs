@@ -87,6 +87,8 @@ struct TargetReport {
     backend: String,
     /// Threads of the pool the CPU kernels run on (`RAYON_NUM_THREADS`, else every core).
     threads: usize,
+    /// Seconds to load the target and its tokenizer (what a restarted server waits).
+    load_s: f64,
     prompt_tokens: usize,
     prefill_tok_s: f64,
     decode_tokens: usize,
@@ -114,7 +116,9 @@ fn target(a: TargetArgs) -> Result<()> {
     if a.repeats == 0 || a.blocks.contains(&0) || a.prompt_tokens == 0 || a.decode_tokens < 2 {
         bail!("repeats, block sizes and prompt tokens must be >= 1 and decode tokens >= 2");
     }
+    let loading = Instant::now();
     let (model, tok) = a.models.load_target()?;
+    let load_s = loading.elapsed().as_secs_f64();
     let engine = Engine::new(Arc::clone(&model), Arc::new(tok));
     let tok = engine.tokenizer();
     let need = a
@@ -145,6 +149,7 @@ fn target(a: TargetArgs) -> Result<()> {
     let report = TargetReport {
         backend: a.models.backend(),
         threads: rayon::current_num_threads(),
+        load_s,
         prompt_tokens: a.prompt_tokens,
         prefill_tok_s: median(prefill),
         decode_tokens: a.decode_tokens,
@@ -205,6 +210,10 @@ fn block_costs(
 fn print_report(r: &TargetReport) {
     println!("backend              {}", r.backend);
     println!("threads              {}", r.threads);
+    println!(
+        "load                 {:.2} s (target and tokenizer)",
+        r.load_s
+    );
     println!(
         "prefill ({} tok)     {:.1} tok/s",
         r.prompt_tokens, r.prefill_tok_s
