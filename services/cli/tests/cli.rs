@@ -119,6 +119,53 @@ fn bench_rpc_reports_the_network_overhead() {
     assert!(text.contains("verifier-drafter overhead"), "{text}");
 }
 
+#[test]
+fn bench_target_reports_load_decode_and_block_costs() {
+    let json = std::env::temp_dir().join(format!("tandem-target-{}.json", std::process::id()));
+    let out = tandem(&[
+        "bench",
+        "target",
+        "--blocks",
+        "1,3",
+        "--repeats",
+        "1",
+        "--decode-tokens",
+        "4",
+        "--prompt-tokens",
+        "8",
+        "--context",
+        "16",
+        "--json",
+        json.to_str().expect("utf-8"),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json written")).expect("json");
+    std::fs::remove_file(&json).ok();
+    let positive = |v: &serde_json::Value| v.as_f64().is_some_and(|x| x > 0.0 && x.is_finite());
+    for key in [
+        "load_s",
+        "prefill_tok_s",
+        "decode_tok_s",
+        "decode_ms_per_token",
+    ] {
+        assert!(positive(&report[key]), "{key}: {}", report[key]);
+    }
+    let blocks = report["blocks"].as_array().expect("blocks");
+    let sizes: Vec<_> = blocks.iter().map(|b| b["block"].as_u64()).collect();
+    assert_eq!(sizes, [Some(1), Some(3)]);
+    for b in blocks {
+        for key in ["ms", "decode_steps", "greedy_ms", "greedy_decode_steps"] {
+            assert!(positive(&b[key]), "{key}: {b}");
+        }
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("load") && text.contains("decode steps"),
+        "{text}"
+    );
+}
+
 /// Runs `tandem bench speculative` on one prompt (plus `extra` flags) and returns its JSON
 /// report and the prompts it saved.
 fn bench_speculative(extra: &[&str]) -> (serde_json::Value, Vec<Vec<u32>>) {
