@@ -241,8 +241,8 @@ impl LaneMatrix {
         let rec = format.record_bytes();
         let group_bytes = k / format.sub * rec;
         let groups = n.div_ceil(LANES);
-        // Zeroed in parallel: the first touch of each page (a fault and a clear) is most of
-        // the cost of packing the LM head.
+        // Zeroed in parallel, as the groups are filled: the first touch of each page faults
+        // and clears it, a large part of packing the LM head in load profiles.
         let mut lines = Vec::new();
         lines.par_extend(rayon::iter::repeat_n(
             Line([0; 64]),
