@@ -95,53 +95,47 @@ fn speculative_generation_reports_acceptance_beside_plain() {
     );
 }
 
-#[test]
-fn bench_rpc_reports_the_network_overhead() {
-    let json = std::env::temp_dir().join(format!("tandem-rpc-{}.json", std::process::id()));
-    let out = tandem(&[
-        "bench",
-        "rpc",
-        "--max-tokens",
-        "4",
-        "--gamma",
-        "2",
-        "--json",
-        json.to_str().expect("utf-8"),
-    ]);
+/// Runs `tandem bench <kind> <args> --json F`, which must succeed, and returns the JSON
+/// report it wrote and its stdout.
+fn bench_json(kind: &str, args: &[&str]) -> (serde_json::Value, String) {
+    let json = std::env::temp_dir().join(format!("tandem-{kind}-{}.json", std::process::id()));
+    let mut all = vec!["bench", kind];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--json", json.to_str().expect("utf-8")]);
+    let out = tandem(&all);
     assert!(out.status.success(), "{}", stderr(&out));
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("json written")).expect("json");
     std::fs::remove_file(&json).ok();
+    (report, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn bench_rpc_reports_the_network_overhead() {
+    let (report, text) = bench_json("rpc", &["--max-tokens", "4", "--gamma", "2"]);
     assert_eq!(report["requests"], 8);
     assert!(report["grpc"]["rounds"].as_u64().expect("rounds") >= 8);
     assert!(report["overhead_share_of_round"].as_f64().is_some());
-    let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("verifier-drafter overhead"), "{text}");
 }
 
 #[test]
 fn bench_target_reports_load_decode_and_block_costs() {
-    let json = std::env::temp_dir().join(format!("tandem-target-{}.json", std::process::id()));
-    let out = tandem(&[
-        "bench",
+    let (report, text) = bench_json(
         "target",
-        "--blocks",
-        "1,3",
-        "--repeats",
-        "1",
-        "--decode-tokens",
-        "4",
-        "--prompt-tokens",
-        "8",
-        "--context",
-        "16",
-        "--json",
-        json.to_str().expect("utf-8"),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("json written")).expect("json");
-    std::fs::remove_file(&json).ok();
+        &[
+            "--blocks",
+            "1,3",
+            "--repeats",
+            "1",
+            "--decode-tokens",
+            "4",
+            "--prompt-tokens",
+            "8",
+            "--context",
+            "16",
+        ],
+    );
     let positive = |v: &serde_json::Value| v.as_f64().is_some_and(|x| x > 0.0 && x.is_finite());
     for key in [
         "load_s",
@@ -159,7 +153,6 @@ fn bench_target_reports_load_decode_and_block_costs() {
             assert!(positive(&b[key]), "{key}: {b}");
         }
     }
-    let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("load") && text.contains("decode steps"),
         "{text}"
