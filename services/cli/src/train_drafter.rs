@@ -3,7 +3,10 @@
 //! target itself, a held-out split by file, progress on stderr, checkpoints in `--out`
 //! (itself a drafter folder `--drafter` accepts), and `--resume` to continue one. With
 //! `--device cuda` the teacher (the target generating and scoring, `--teacher-batch`
-//! sequences at a time) and the drafter's training both run on the GPU.
+//! sequences at a time) and the drafter's training both run on the GPU. Continuations are
+//! greedy or sampled (`--temperatures`, one per prompt); `--pregenerate` makes every
+//! sample before the first step; `--rebuild-vocab` gives an `--init-from` drafter the
+//! draft vocabulary of this corpus.
 
 use std::path::PathBuf;
 
@@ -89,6 +92,18 @@ pub struct TrainArgs {
     /// vocabulary; the drafter-shape flags are ignored) with a fresh optimizer.
     #[arg(long, conflicts_with = "resume")]
     init_from: Option<PathBuf>,
+    /// With --init-from: count the draft vocabulary on this corpus (as a fresh drafter
+    /// would) and keep the Markov head's rows of the ids both vocabularies share.
+    #[arg(long, requires = "init_from")]
+    rebuild_vocab: bool,
+    /// Temperatures of the training continuations, each prompt written at one of them
+    /// (picked by a hash of the prompt; 0 = greedy). Held-out continuations stay greedy.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    temperatures: Vec<f32>,
+    /// Make every training sample before the first step (in batches of one prompt length;
+    /// prompts of `.jsonl` corpora differ in length), instead of as steps reach them.
+    #[arg(long)]
+    pregenerate: bool,
     /// Training prompts (cycled).
     #[arg(long, default_value_t = 256)]
     train_prompts: usize,
@@ -126,6 +141,9 @@ impl TrainArgs {
     fn train_config(&self) -> Result<TrainConfig> {
         if self.samples_per_step == 0 || self.batch < self.samples_per_step {
             bail!("--batch must be at least --samples-per-step, which must be at least 1");
+        }
+        if let Some(t) = self.temperatures.iter().find(|t| !(0.0..=4.0).contains(*t)) {
+            bail!("--temperatures: {t} is outside 0..=4");
         }
         Ok(TrainConfig {
             steps: self.steps,
@@ -223,11 +241,14 @@ fn train<M: Gemma3Model>(
         keep: a.keep,
         forced: false,
         batch: a.teacher_batch.max(1),
+        temperatures: Vec::new(),
+        seed: a.seed,
     };
     let mut train = Pool::new(
         prompts.train,
         TeacherConfig {
             forced: a.teacher_forcing,
+            temperatures: a.temperatures.clone(),
             ..teacher.clone()
         },
     );
@@ -237,23 +258,37 @@ fn train<M: Gemma3Model>(
         train = train.with_store(store.clone());
         held = held.with_store(store);
     }
+    if a.pregenerate {
+        pregenerate(&mut train, model)?;
+    }
     let resuming = a.resume && checkpoint::exists(&a.out);
+    let vocab = |train: &mut Pool, size: usize| -> Result<Vec<u32>> {
+        let first: Vec<usize> = (0..a.vocab_samples.min(train.len())).collect();
+        train.ensure(model, &first)?;
+        let generated: Vec<_> = first.iter().filter_map(|i| train.get(*i)).collect();
+        Ok(frequent_ids(
+            &generated,
+            train.prompts(),
+            size,
+            tok.vocab_size(),
+        ))
+    };
     let drafter = match (resuming, &a.init_from) {
         (true, _) => Dspark::load(&a.out, &model.head())?,
-        (false, Some(dir)) => Dspark::load(dir, &model.head())
-            .with_context(|| format!("loading {}", dir.display()))?,
+        (false, Some(dir)) => {
+            let d = Dspark::load(dir, &model.head())
+                .with_context(|| format!("loading {}", dir.display()))?;
+            match a.rebuild_vocab {
+                true => d.with_draft_vocab(vocab(&mut train, d.vocab().len())?, a.seed)?,
+                false => d,
+            }
+        }
         (false, None) => {
-            let first: Vec<usize> = (0..a.vocab_samples.min(train.len())).collect();
-            train.ensure(model, &first)?;
-            let vocab = frequent_ids(
-                &train.generated(),
-                train.prompts(),
-                a.draft_vocab_size,
-                tok.vocab_size(),
-            );
-            Dspark::init(a.drafter_config(vocab), &model.head(), a.seed)?
+            let ids = vocab(&mut train, a.draft_vocab_size)?;
+            Dspark::init(a.drafter_config(ids), &model.head(), a.seed)?
         }
     };
+    report_coverage(&train, &drafter);
     let mut trainer = Trainer::new(model, drafter, (train, held), cfg)?;
     if resuming {
         trainer.resume(&a.out).context("resuming")?;
@@ -261,6 +296,40 @@ fn train<M: Gemma3Model>(
     }
     trainer.run(&a.out, &mut |e| print_event(&e, a.steps))?;
     Ok(())
+}
+
+/// Makes every training sample up front, printing progress.
+fn pregenerate<M: Gemma3Model>(train: &mut Pool, model: &M) -> Result<()> {
+    let (total, t0) = (train.len(), std::time::Instant::now());
+    train.ensure_all(model, 4096, &mut |done| {
+        let s = t0.elapsed().as_secs_f64();
+        eprintln!(
+            "[samples {done}/{total}, {s:.0} s, {:.0}/s]",
+            done as f64 / s.max(1e-9)
+        );
+    })?;
+    Ok(())
+}
+
+/// Prints the share of generated continuation tokens the draft vocabulary covers (a token
+/// outside it can never be drafted).
+fn report_coverage(train: &Pool, drafter: &Dspark) {
+    let (mut inside, mut all) = (0usize, 0usize);
+    for s in train.generated() {
+        let cont = &s.tokens[s.prompt_len..];
+        all += cont.len();
+        inside += cont
+            .iter()
+            .filter(|t| drafter.vocab().draft_index(**t).is_some())
+            .count();
+    }
+    if all > 0 {
+        eprintln!(
+            "[draft vocabulary of {} ids covers {:.2} % of {all} generated continuation tokens]",
+            drafter.vocab().len(),
+            100.0 * inside as f64 / all as f64
+        );
+    }
 }
 
 fn print_event(e: &Event<'_>, steps: usize) {

@@ -88,6 +88,14 @@ fn specs(cfg: &DsparkConfig, dims: &TargetDims, vd: usize) -> Vec<(String, Vec<u
     s
 }
 
+/// `n` values drawn as a fresh matrix is initialised, reproducible from `seed`.
+pub(crate) fn normal_values(n: usize, seed: u64) -> Result<Vec<f32>> {
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let normal = Normal::new(0f32, INIT_STD)
+        .map_err(|e| DsparkError::Config(format!("init distribution: {e}")))?;
+    Ok((0..n).map(|_| normal.sample(&mut rng)).collect())
+}
+
 impl Params {
     /// Fresh parameters, reproducible from `seed`.
     pub fn init(cfg: &DsparkConfig, dims: &TargetDims, vd: usize, seed: u64) -> Result<Self> {

@@ -187,3 +187,50 @@ fn invalid_configs_are_rejected() {
         }
     }
 }
+
+/// A drafter moved to another draft vocabulary keeps every parameter but the Markov head,
+/// whose rows (W1) and columns (W2) follow the ids both vocabularies share; new ids start
+/// as a fresh drafter's (W2 zero); the same vocabulary gives back the same drafter.
+#[test]
+fn another_draft_vocabulary_keeps_the_shared_markov_rows() {
+    let head = tiny_head(1);
+    let cfg = DsparkConfig {
+        draft_vocab: Some(vec![5, 1, 60, 33, 2]),
+        ..tiny_config()
+    };
+    let model = busy_drafter(cfg, &head, 2);
+    let same = model
+        .with_draft_vocab(vec![5, 1, 60, 33, 2], 9)
+        .expect("same vocabulary");
+    assert_eq!(param_bits(&same), param_bits(&model));
+    let moved = model
+        .with_draft_vocab(vec![33, 7, 5, 40], 9)
+        .expect("new vocabulary");
+    assert_eq!(moved.vocab().ids(), &[33, 7, 5, 40]);
+    let (old, new) = (param_bits(&model), param_bits(&moved));
+    for ((name, a), (name_b, b)) in old.iter().zip(&new) {
+        assert_eq!(name, name_b);
+        if !name.starts_with("markov.") {
+            assert_eq!(a, b, "{name} changed");
+        }
+    }
+    let get = |bits: &[(String, Vec<u32>)], n: &str| {
+        let v = &bits.iter().find(|(x, _)| x == n).expect("param").1;
+        v.iter().map(|b| f32::from_bits(*b)).collect::<Vec<f32>>()
+    };
+    let r = model.config().markov_rank;
+    let (w1, w1n) = (get(&old, "markov.w1"), get(&new, "markov.w1"));
+    let (w2, w2n) = (get(&old, "markov.w2"), get(&new, "markov.w2"));
+    let row = |w: &[f32], i: usize| w[i * r..(i + 1) * r].to_vec();
+    // 33 was draft index 3, 5 was 0; 7 and 40 are new; the outside row is last.
+    assert_eq!(row(&w1n, 0), row(&w1, 3));
+    assert_eq!(row(&w1n, 2), row(&w1, 0));
+    assert_eq!(row(&w1n, 4), row(&w1, 5));
+    assert!(row(&w1n, 1).iter().any(|x| *x != 0.0));
+    for k in 0..r {
+        assert_eq!(w2n[k * 4], w2[k * 5 + 3]);
+        assert_eq!(w2n[k * 4 + 2], w2[k * 5]);
+        assert_eq!((w2n[k * 4 + 1], w2n[k * 4 + 3]), (0.0, 0.0));
+    }
+    assert!(model.with_draft_vocab(vec![5, 5], 9).is_err());
+}

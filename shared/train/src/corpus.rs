@@ -2,6 +2,12 @@
 //! extension (HTML with its tags crudely stripped), each file assigned to the held-out split
 //! by a hash of its path (so a held-out file never trains), documents shuffled by seed and
 //! cut into prompts of a fixed number of tokens.
+//!
+//! A `.jsonl` file holds whole prompts, one JSON object `{"text": "..."}` a line (a question
+//! in a chat turn, an instruction): each line is a document of its own, split by a hash of
+//! `path#line`, and becomes one prompt that ends where its text ends (the start is cut when
+//! it is longer than the prompt length), so the target continues exactly where a user's
+//! request stops.
 
 use std::path::{Path, PathBuf};
 
@@ -13,7 +19,7 @@ use rayon::prelude::*;
 use crate::error::{Result, TrainError};
 
 /// Extensions of the files a corpus reads.
-pub const TEXT_EXTENSIONS: [&str; 6] = ["md", "txt", "rs", "py", "html", "htm"];
+pub const TEXT_EXTENSIONS: [&str; 7] = ["md", "txt", "rs", "py", "html", "htm", "jsonl"];
 
 /// How prompts are cut from a corpus.
 #[derive(Debug, Clone)]
@@ -156,9 +162,111 @@ pub fn chunk(tokens: &[u32], n: usize, bos: Option<u32>, max: usize) -> Vec<Vec<
         .collect()
 }
 
-/// Training and held-out prompts from the files under `paths`. `encode` tokenizes one
-/// document without a BOS (`cfg.bos` starts every prompt). Files are visited in a seeded shuffle until both splits are full; prompts are then
-/// shuffled by the same seed.
+/// A unit of a corpus: a text file, cut into prompts, or one line of a `.jsonl` file, taken
+/// whole.
+#[derive(Debug, Clone)]
+enum Doc {
+    File(PathBuf),
+    Line {
+        path: PathBuf,
+        line: usize,
+        text: String,
+    },
+}
+
+impl Doc {
+    fn is_held_out(&self, percent: u32) -> bool {
+        match self {
+            Doc::File(p) => is_held_out(p, percent),
+            Doc::Line { path, line, .. } => {
+                is_held_out(Path::new(&format!("{}#{line}", path.display())), percent)
+            }
+        }
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            Doc::File(p) | Doc::Line { path: p, .. } => p,
+        }
+    }
+}
+
+fn is_jsonl(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("jsonl"))
+}
+
+/// The prompt lines of a `.jsonl` file (blank lines skipped).
+pub fn jsonl_prompts(path: &Path) -> Result<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    struct Line {
+        text: String,
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str::<Line>(l)
+                .map(|x| x.text)
+                .map_err(|e| TrainError::Invalid(format!("{}:{}: {e}", path.display(), i + 1)))
+        })
+        .collect()
+}
+
+/// Every document under `paths`: text files, and the lines of `.jsonl` files.
+fn documents(paths: &[PathBuf]) -> Result<Vec<Doc>> {
+    let mut docs = Vec::new();
+    for file in text_files(paths)? {
+        if !is_jsonl(&file) {
+            docs.push(Doc::File(file));
+            continue;
+        }
+        let lines = jsonl_prompts(&file)?;
+        docs.extend(lines.into_iter().enumerate().map(|(line, text)| Doc::Line {
+            path: file.clone(),
+            line,
+            text,
+        }));
+    }
+    Ok(docs)
+}
+
+/// The prompts of one document: a file's cut by [`chunk`], a prompt line's last
+/// `n - 1` tokens after `bos`.
+fn doc_prompts<E>(doc: &Doc, cfg: &CorpusConfig, room: usize, encode: &E) -> Result<Vec<Vec<u32>>>
+where
+    E: Fn(&str) -> std::result::Result<Vec<u32>, String> + Sync,
+{
+    let tokenize = |text: &str| {
+        encode(text).map_err(|reason| TrainError::Tokenize {
+            path: doc.path().to_path_buf(),
+            reason,
+        })
+    };
+    match doc {
+        Doc::File(path) => Ok(chunk(
+            &tokenize(&read_text(path)?)?,
+            cfg.prompt_tokens,
+            cfg.bos,
+            room,
+        )),
+        Doc::Line { text, .. } => {
+            let tokens = tokenize(text)?;
+            let body = cfg.prompt_tokens - usize::from(cfg.bos.is_some());
+            let tail = &tokens[tokens.len().saturating_sub(body)..];
+            Ok(match tail.is_empty() || room == 0 {
+                true => Vec::new(),
+                false => vec![cfg.bos.into_iter().chain(tail.iter().copied()).collect()],
+            })
+        }
+    }
+}
+
+/// Training and held-out prompts from the documents under `paths`. `encode` tokenizes one
+/// document without a BOS (`cfg.bos` starts every prompt). Documents are visited in a
+/// seeded shuffle until both splits are full; prompts are then shuffled by the same seed.
 pub fn prompts<E>(paths: &[PathBuf], cfg: &CorpusConfig, encode: E) -> Result<Prompts>
 where
     E: Fn(&str) -> std::result::Result<Vec<u32>, String> + Sync,
@@ -168,39 +276,33 @@ where
             "prompts need at least 2 tokens and at least one training prompt".into(),
         ));
     }
-    let mut files = text_files(paths)?;
+    let mut docs = documents(paths)?;
     let mut rng = ChaCha20Rng::seed_from_u64(cfg.seed);
-    files.shuffle(&mut rng);
+    docs.shuffle(&mut rng);
     let mut out = Prompts::default();
-    // Files are read and tokenized in parallel, a chunk at a time, and taken in order.
-    for batch in files.chunks(64) {
-        let full = |o: &Prompts| {
-            o.train.len() >= cfg.train_prompts && o.held_out.len() >= cfg.held_out_prompts
-        };
+    let full = |o: &Prompts| {
+        o.train.len() >= cfg.train_prompts && o.held_out.len() >= cfg.held_out_prompts
+    };
+    // Documents are read and tokenized in parallel, a chunk at a time, and taken in order.
+    for batch in docs.chunks(64) {
         if full(&out) {
             break;
         }
-        let tokenized: Vec<(bool, Vec<u32>)> = batch
+        let room = cfg.prompts_per_file.max(1);
+        let cut: Vec<(bool, Vec<Vec<u32>>)> = batch
             .par_iter()
-            .map(|file| {
-                let held = is_held_out(file, cfg.held_out_percent);
-                let text = read_text(file)?;
-                let tokens = encode(&text).map_err(|reason| TrainError::Tokenize {
-                    path: file.clone(),
-                    reason,
-                })?;
-                Ok((held, tokens))
+            .map(|doc| {
+                let held = doc.is_held_out(cfg.held_out_percent);
+                Ok((held, doc_prompts(doc, cfg, room, &encode)?))
             })
             .collect::<Result<_>>()?;
-        for (held, tokens) in tokenized {
+        for (held, prompts) in cut {
             let (split, want) = match held {
                 true => (&mut out.held_out, cfg.held_out_prompts),
                 false => (&mut out.train, cfg.train_prompts),
             };
-            let room = want
-                .saturating_sub(split.len())
-                .min(cfg.prompts_per_file.max(1));
-            split.extend(chunk(&tokens, cfg.prompt_tokens, cfg.bos, room));
+            let take = want.saturating_sub(split.len()).min(room);
+            split.extend(prompts.into_iter().take(take));
         }
     }
     if out.train.is_empty() {

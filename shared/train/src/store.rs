@@ -35,8 +35,14 @@ impl SampleStore {
     fn path(&self, prompt: &[u32], cfg: &TeacherConfig) -> PathBuf {
         let settings = [cfg.continuation_tokens, cfg.keep, usize::from(cfg.forced)];
         let words = cfg.taps.iter().chain([&usize::MAX]).chain(&settings);
+        // A greedy continuation keeps the name it had before sampled ones existed.
+        let sampled = match cfg.temperature_of(prompt) {
+            t if t > 0.0 && !cfg.forced => vec![u64::MAX, u64::from(t.to_bits()), cfg.seed],
+            _ => Vec::new(),
+        };
         let words = words
             .map(|x| *x as u64)
+            .chain(sampled)
             .chain(prompt.iter().map(|t| u64::from(*t)));
         let h = fnv1a(words.flat_map(u64::to_le_bytes));
         self.dir.join(format!("{h:016x}.safetensors"))

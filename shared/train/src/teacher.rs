@@ -1,12 +1,22 @@
-//! Training samples made by the target itself: a prompt, its greedy continuation, the
-//! hidden-state taps of every position a drafter may see as context, and the target's
+//! Training samples made by the target itself: a prompt, its continuation (greedy, or
+//! sampled at a temperature so the drafter also sees the paths a sampling client takes),
+//! the hidden-state taps of every position a drafter may see as context, and the target's
 //! next-token distribution (kept sparse: its most likely ids) at every continuation
 //! position, from the target's forward on the CPU kernels (the batch-invariant one the
 //! verifier runs on a CPU) or on a GPU (any [`Gemma3Model`]).
+//!
+//! A sampled continuation draws each token from the kept ids of the target's distribution
+//! raised to `1/T` and renormalised (the tail past the kept ids is left out), with a
+//! generator seeded by the prompt, the temperature and the teacher's seed: a sample is a
+//! function of its prompt and the settings alone, whatever batch it is made in.
 
+use rand::Rng;
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
 use rayon::prelude::*;
 use tandem_gemma::{ForwardOptions, Gemma3Model, LogitsMode};
 
+use crate::corpus::fnv1a;
 use crate::error::{Result, TrainError};
 use crate::store::SampleStore;
 use crate::topk::sparse_rows;
@@ -28,6 +38,55 @@ pub struct TeacherConfig {
     /// Prompts (of one length) whose continuations are generated together, in one batch
     /// forward per token.
     pub batch: usize,
+    /// Temperatures of the generated continuations: prompt `i`'s continuation is written at
+    /// the temperature [`TeacherConfig::temperature_of`] picks from this list by a hash of
+    /// the prompt (0 = greedy). Empty means greedy for every prompt.
+    pub temperatures: Vec<f32>,
+    /// Seed of the sampled continuations.
+    pub seed: u64,
+}
+
+impl TeacherConfig {
+    /// The temperature `prompt`'s continuation is written at.
+    pub fn temperature_of(&self, prompt: &[u32]) -> f32 {
+        match self.temperatures.len() {
+            0 => 0.0,
+            n => self.temperatures[(prompt_hash(prompt) % n as u64) as usize],
+        }
+    }
+
+    /// The generator of `prompt`'s sampled continuation.
+    fn rng_of(&self, prompt: &[u32]) -> ChaCha20Rng {
+        let t = u64::from(self.temperature_of(prompt).to_bits());
+        ChaCha20Rng::seed_from_u64(prompt_hash(prompt) ^ self.seed.rotate_left(17) ^ (t << 1))
+    }
+}
+
+/// FNV-1a of a prompt's token ids.
+fn prompt_hash(prompt: &[u32]) -> u64 {
+    fnv1a(prompt.iter().flat_map(|t| t.to_le_bytes()))
+}
+
+/// The next token of a continuation at `temperature` from the target's kept distribution:
+/// the argmax at 0, else a draw from `p^(1/T)` renormalised over the kept ids.
+pub fn pick_next<R: Rng>(dist: &SparseTarget, temperature: f32, rng: &mut R) -> u32 {
+    if temperature <= 0.0 || dist.ids.len() < 2 {
+        return dist.ids[0];
+    }
+    let top = dist.probs[0].max(f32::MIN_POSITIVE);
+    let weights: Vec<f64> = dist
+        .probs
+        .iter()
+        .map(|p| f64::from(p.max(0.0) / top).powf(1.0 / f64::from(temperature)))
+        .collect();
+    let mut u = rng.random::<f64>() * weights.iter().sum::<f64>();
+    for (id, w) in dist.ids.iter().zip(&weights) {
+        if u < *w {
+            return *id;
+        }
+        u -= w;
+    }
+    dist.ids[0]
 }
 
 /// The target's next-token distribution at one position, truncated to its most likely ids
@@ -115,9 +174,9 @@ pub fn forced<M: Gemma3Model>(model: &M, text: &[u32], cfg: &TeacherConfig) -> R
     Ok(sample)
 }
 
-/// Runs the target greedily after each of `prompts` (all of one length), recording taps
-/// and distributions: one batch forward per token for all of them (the same samples as
-/// one by one, up to a device's numerics).
+/// Runs the target after each of `prompts` (all of one length), greedily or sampling at
+/// each prompt's temperature, recording taps and distributions: one batch forward per
+/// token for all of them (the same samples as one by one, up to a device's numerics).
 pub fn generate_batch<M: Gemma3Model>(
     model: &M,
     prompts: &[&[u32]],
@@ -136,6 +195,10 @@ pub fn generate_batch<M: Gemma3Model>(
         .iter()
         .map(|x| Sample::start(x, p, width, total))
         .collect();
+    let mut rngs: Vec<(f32, ChaCha20Rng)> = prompts
+        .iter()
+        .map(|x| (cfg.temperature_of(x), cfg.rng_of(x)))
+        .collect();
     let mut cache = model.new_batch_cache(prompts.len(), total);
     let opts = ForwardOptions {
         logits: LogitsMode::Last,
@@ -148,8 +211,8 @@ pub fn generate_batch<M: Gemma3Model>(
             .logits
             .ok_or_else(|| TrainError::Invalid("the target returned no logits".into()))?;
         let dists = sparse_rows(&logits, cfg.keep.max(1))?;
-        for (s, next) in samples.iter_mut().zip(dists) {
-            s.tokens.push(next.ids[0]);
+        for ((s, next), (t, rng)) in samples.iter_mut().zip(dists).zip(&mut rngs) {
+            s.tokens.push(pick_next(&next, *t, rng));
             if s.tokens.len() > p + 1 {
                 s.dists.push(next);
             }
@@ -279,6 +342,26 @@ impl Pool {
         Ok(count)
     }
 
+    /// Makes (or reads from the store) every sample of the pool, `chunk` prompts at a time
+    /// in order of prompt length so that teacher batches are full; `progress` hears the
+    /// samples done after each chunk.
+    pub fn ensure_all<M: Gemma3Model>(
+        &mut self,
+        model: &M,
+        chunk: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<()> {
+        let mut order: Vec<usize> = (0..self.prompts.len()).collect();
+        order.sort_by_key(|&i| (self.prompts[i].len(), i));
+        let mut done = 0;
+        for part in order.chunks(chunk.max(1)) {
+            self.ensure(model, part)?;
+            done += part.len();
+            progress(done);
+        }
+        Ok(())
+    }
+
     /// Generates the samples of `missing`, batching prompts of one length.
     fn generate_missing<M: Gemma3Model>(
         &self,
@@ -306,5 +389,38 @@ impl Pool {
     /// Every generated sample.
     pub fn generated(&self) -> Vec<&Sample> {
         self.samples.iter().flatten().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frequencies(t: f32) -> Vec<f64> {
+        let dist = SparseTarget {
+            ids: vec![7, 3, 9],
+            probs: vec![0.5, 0.3, 0.2],
+        };
+        let mut rng = ChaCha20Rng::seed_from_u64(11);
+        let n = 40_000;
+        let mut count = [0usize; 3];
+        for _ in 0..n {
+            let id = pick_next(&dist, t, &mut rng);
+            count[dist.ids.iter().position(|x| *x == id).expect("kept id")] += 1;
+        }
+        count.iter().map(|c| *c as f64 / n as f64).collect()
+    }
+
+    /// Draws follow the kept distribution raised to 1/T and renormalised; T = 0 is the
+    /// argmax.
+    #[test]
+    fn draws_follow_the_tempered_distribution() {
+        assert_eq!(frequencies(0.0), vec![1.0, 0.0, 0.0]);
+        for (t, want) in [(1.0, [0.5, 0.3, 0.2]), (0.5, [0.25, 0.09, 0.04])] {
+            let z: f64 = want.iter().sum();
+            for (got, w) in frequencies(t).iter().zip(want) {
+                assert!((got - w / z).abs() < 0.01, "T {t}: {got} against {}", w / z);
+            }
+        }
     }
 }

@@ -47,3 +47,52 @@ fn html_loses_tags_scripts_and_entities() {
                 <body><p>a &lt;b&gt; &amp; c</p>\n\n\n\n<div>d</div></body></html>";
     assert_eq!(strip_html(html), "a <b> & c\n\nd\n");
 }
+
+/// A `.jsonl` line is one whole prompt: BOS, then the end of its text (the start cut when
+/// it is too long); lines split by `path#line`, so a held-out line never trains; a bad
+/// line is an error naming its file and line.
+#[test]
+fn jsonl_lines_are_whole_prompts_split_by_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lines: Vec<String> = (0..60)
+        .map(|i| {
+            format!(
+                "{{\"text\": \"{}\"}}",
+                "q".repeat(i % 12 + 1) + &i.to_string()
+            )
+        })
+        .collect();
+    let file = dir.path().join("asks.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n\n").expect("write");
+    let cfg = CorpusConfig {
+        prompt_tokens: 8,
+        bos: Some(2),
+        train_prompts: 1000,
+        held_out_prompts: 1000,
+        held_out_percent: 30,
+        prompts_per_file: 4,
+        seed: 3,
+    };
+    let encode = |t: &str| Ok::<_, String>(t.bytes().map(u32::from).collect());
+    let p = prompts(&[dir.path().to_path_buf()], &cfg, encode).expect("prompts");
+    assert_eq!(p.train.len() + p.held_out.len(), 60, "one prompt per line");
+    let line_of = |prompt: &Vec<u32>| -> usize {
+        assert_eq!(prompt[0], 2);
+        assert!(prompt.len() <= 8);
+        let tail: String = prompt[1..].iter().map(|b| char::from(*b as u8)).collect();
+        let digits: String = tail.chars().filter(char::is_ascii_digit).collect();
+        let i: usize = digits.parse().expect("line number at the end");
+        let text = "q".repeat(i % 12 + 1) + &i.to_string();
+        assert!(text.ends_with(&tail), "{tail} is not the end of line {i}");
+        assert_eq!(prompt.len(), 8.min(text.len() + 1));
+        i
+    };
+    let held = |i: usize| is_held_out(Path::new(&format!("{}#{i}", file.display())), 30);
+    assert!(p.train.iter().all(|q| !held(line_of(q))));
+    assert!(p.held_out.iter().all(|q| held(line_of(q))));
+    assert!(!p.train.is_empty() && !p.held_out.is_empty());
+
+    std::fs::write(&file, "{\"text\": \"fine\"}\n{\"txt\": 1}\n").expect("write");
+    let err = prompts(&[dir.path().to_path_buf()], &cfg, encode).expect_err("bad line");
+    assert!(err.to_string().contains("asks.jsonl:2"), "{err}");
+}

@@ -292,3 +292,71 @@ fn batches_mix_sequences_of_different_lengths() {
         flat(&alone.1.probs)
     );
 }
+
+/// Sampled continuations (each prompt at the temperature its hash picks) are functions of
+/// their prompts: batches of 4 and of 1 make the same samples, and so does `ensure_all`;
+/// the sampled continuations leave the greedy ones, and they are kept apart in a store.
+#[test]
+fn sampled_continuations_do_not_depend_on_the_batch() {
+    let (_dir, model) = tiny_target();
+    let (train, _) = pools(9, 1);
+    let mut prompts = train.prompts().to_vec();
+    prompts[3].truncate(5);
+    let all: Vec<usize> = (0..prompts.len()).collect();
+    let sampled = TeacherConfig {
+        temperatures: vec![0.7, 1.0, 0.0],
+        seed: 5,
+        ..teacher()
+    };
+    let mut batched = Pool::new(prompts.clone(), sampled.clone());
+    let mut single = Pool::new(
+        prompts.clone(),
+        TeacherConfig {
+            batch: 1,
+            ..sampled.clone()
+        },
+    );
+    let mut up_front = Pool::new(prompts.clone(), sampled.clone());
+    let mut greedy = Pool::new(prompts.clone(), teacher());
+    batched.ensure(&model, &all).expect("batched");
+    single.ensure(&model, &all).expect("single");
+    up_front
+        .ensure_all(&model, 4, &mut |_| {})
+        .expect("ensure_all");
+    greedy.ensure(&model, &all).expect("greedy");
+    let mut left_greedy = 0;
+    for i in all {
+        let (a, b, c) = (
+            batched.get(i).expect("a"),
+            single.get(i).expect("b"),
+            up_front.get(i).expect("c"),
+        );
+        assert_eq!((&a.tokens, &a.dists), (&b.tokens, &b.dists));
+        assert_eq!((&a.tokens, &a.dists), (&c.tokens, &c.dists));
+        let g = greedy.get(i).expect("g");
+        match sampled.temperature_of(&prompts[i]) {
+            0.0 => assert_eq!(a.tokens, g.tokens, "a greedy prompt was sampled"),
+            _ => left_greedy += usize::from(a.tokens != g.tokens),
+        }
+    }
+    assert!(
+        left_greedy > 0,
+        "no sampled continuation differs from greedy"
+    );
+
+    let store_dir = tempfile::tempdir().expect("tempdir");
+    let store = SampleStore::new(store_dir.path()).expect("store");
+    let mut a = Pool::new(prompts.clone(), sampled).with_store(store.clone());
+    a.ensure(&model, &[0, 1, 2]).expect("sampled");
+    let mut b = Pool::new(prompts, teacher()).with_store(store);
+    b.ensure(&model, &[0, 1, 2]).expect("greedy");
+    let files = std::fs::read_dir(store_dir.path()).expect("list").count();
+    let sampled_prompts = (0..3)
+        .filter(|i| a.config().temperature_of(&a.prompts()[*i]) > 0.0)
+        .count();
+    assert_eq!(
+        files,
+        3 + sampled_prompts,
+        "sampled and greedy samples share a file"
+    );
+}

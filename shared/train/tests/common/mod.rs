@@ -127,6 +127,8 @@ pub fn teacher() -> TeacherConfig {
         keep: 16,
         forced: false,
         batch: 4,
+        temperatures: Vec::new(),
+        seed: 0,
     }
 }
 
