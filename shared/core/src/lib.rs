@@ -2,6 +2,7 @@
 //! adaptive draft length and the proposer interface the round drafts through. No tensors, no I/O: plain slices in, plain
 //! values out, deterministic given a seed.
 
+pub mod ab;
 pub mod acceptance;
 pub mod gamma;
 pub mod proposer;
@@ -9,6 +10,7 @@ pub mod sampling;
 pub mod snapshot;
 pub mod stopping;
 
+pub use ab::{AbError, ArmSummary, Comparison, Interval, PromptRun};
 pub use acceptance::{accept_greedy, accept_sampled, Verdict};
 pub use gamma::{GammaPolicy, GammaPolicyConfig, Learnt, CARRIED_ROUNDS};
 pub use proposer::{DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession};
