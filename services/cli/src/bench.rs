@@ -35,6 +35,9 @@ enum BenchKind {
     Rpc(crate::bench_rpc::RpcArgs),
     /// Plain versus speculative decoding of held-out prompts, greedy and sampled.
     Speculative(crate::bench_spec::SpecArgs),
+    /// A paired A/B of two drafters on the same prompts: acceptance and speed differences
+    /// with 95 % intervals, and whether B should replace A.
+    Ab(crate::bench_ab::AbArgs),
     /// Draws the chart of a saved `bench speculative` JSON report again.
     Chart(crate::chart::ChartArgs),
 }
@@ -108,6 +111,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchKind::Target(a) => target(a),
         BenchKind::Rpc(a) => crate::bench_rpc::run(a),
         BenchKind::Speculative(a) => crate::bench_spec::run(a),
+        BenchKind::Ab(a) => crate::bench_ab::run(a),
         BenchKind::Chart(a) => crate::chart::redraw(a),
     }
 }

@@ -29,8 +29,8 @@ pub struct SpecArgs {
     /// Corpus (files or folders); prompts come from its held-out files only.
     #[arg(long, num_args = 1.., required_unless_present = "prompts_file")]
     prompts_from: Vec<PathBuf>,
-    /// Prompts as a JSON list of token-id lists (e.g. written by `--save-prompts`), instead
-    /// of `--prompts-from`.
+    /// Prompts as a JSON list of prompt texts (each encoded after a BOS) or of token-id
+    /// lists (e.g. written by `--save-prompts`), instead of `--prompts-from`.
     #[arg(long, conflicts_with = "prompts_from")]
     prompts_file: Option<PathBuf>,
     /// Write the prompts used as a JSON list of token-id lists.
@@ -237,18 +237,10 @@ fn write_outputs(a: &SpecArgs, report: &SpecReport, prompts: &[Vec<u32>]) -> Res
 
 /// The prompts: read from `--prompts-file`, or cut from the corpus's held-out files.
 fn prompts(engine: &Engine, a: &SpecArgs) -> Result<Vec<Vec<u32>>> {
-    let Some(path) = &a.prompts_file else {
-        return held_out_prompts(engine, a);
-    };
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut all: Vec<Vec<u32>> = serde_json::from_str(&text)
-        .with_context(|| format!("{}: expected a JSON list of token-id lists", path.display()))?;
-    all.truncate(a.prompts);
-    if all.is_empty() || all.iter().any(Vec::is_empty) {
-        bail!("{}: no prompts, or an empty prompt", path.display());
+    match &a.prompts_file {
+        Some(path) => crate::prompt_sets::load(path, engine.tokenizer(), a.prompts),
+        None => held_out_prompts(engine, a),
     }
-    Ok(all)
 }
 
 fn held_out_prompts(engine: &Engine, a: &SpecArgs) -> Result<Vec<Vec<u32>>> {
@@ -322,10 +314,10 @@ fn mode(runner: &Runner<'_>, prompts: &[Vec<u32>], a: &SpecArgs, temperature: f3
 /// Decoded tokens (the first, chosen by the prefill, left out), decode seconds and the
 /// speculation figures of some generations.
 #[derive(Default)]
-struct Tally {
-    tokens: usize,
-    secs: f64,
-    stats: SpecStats,
+pub(crate) struct Tally {
+    pub(crate) tokens: usize,
+    pub(crate) secs: f64,
+    pub(crate) stats: SpecStats,
 }
 
 impl Tally {
@@ -360,21 +352,50 @@ fn decode_all(
             return rt.block_on(remote_all(url, prompts, a, sampling, gamma));
         }
     };
+    let decode = Decode {
+        max_tokens: a.max_tokens,
+        sampling,
+        gamma,
+        adaptive_gamma: a.adaptive_gamma,
+    };
     let mut tally = Tally::default();
     for prompt in prompts {
-        let req = GenerationRequest {
-            prompt: prompt.clone(),
-            max_tokens: a.max_tokens,
-            sampling,
-            ignore_eos: true,
-            gamma,
-            adaptive_gamma: a.adaptive_gamma,
-            ..GenerationRequest::default()
-        };
-        let proposer = (gamma > 0).then_some(proposer);
-        let out = engine.generate(&req, proposer, &mut |_: &Update| ControlFlow::Continue(()))?;
-        tally.count(out.tokens.len(), out.timing.decode_s, &out.spec);
+        tally.add(decode_local(engine, Some(proposer), &decode, prompt)?);
     }
+    Ok(tally)
+}
+
+/// How a benchmark request decodes (every one ignores EOS and runs to `max_tokens`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Decode {
+    pub(crate) max_tokens: usize,
+    pub(crate) sampling: SamplingParams,
+    /// Draft length (0: plain decoding).
+    pub(crate) gamma: usize,
+    pub(crate) adaptive_gamma: bool,
+}
+
+/// One prompt decoded through `Engine::generate` in this process, speculatively when there
+/// is a proposer and a γ.
+pub(crate) fn decode_local(
+    engine: &Engine,
+    proposer: Option<&dyn Proposer>,
+    d: &Decode,
+    prompt: &[u32],
+) -> Result<Tally> {
+    let req = GenerationRequest {
+        prompt: prompt.to_vec(),
+        max_tokens: d.max_tokens,
+        sampling: d.sampling,
+        ignore_eos: true,
+        gamma: d.gamma,
+        adaptive_gamma: d.adaptive_gamma,
+        ..GenerationRequest::default()
+    };
+    let proposer = proposer.filter(|_| d.gamma > 0);
+    let out = engine.generate(&req, proposer, &mut |_: &Update| ControlFlow::Continue(()))?;
+    let mut tally = Tally::default();
+    tally.count(out.tokens.len(), out.timing.decode_s, &out.spec);
     Ok(tally)
 }
 

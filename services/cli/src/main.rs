@@ -1,6 +1,7 @@
 //! `tandem`: run Gemma generations and benchmarks from the command line.
 
 mod bench;
+mod bench_ab;
 mod bench_rpc;
 mod bench_spec;
 mod chart;
@@ -9,6 +10,7 @@ mod drafter;
 mod generate;
 mod loopback;
 mod models;
+mod prompt_sets;
 mod serve;
 mod train_drafter;
 

@@ -246,6 +246,61 @@ fn bench_speculative_runs_through_the_services() {
 }
 
 #[test]
+fn bench_ab_of_a_drafter_against_itself_finds_no_acceptance_difference() {
+    let prompts = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../drafters/gemma-3-270m-dspark/held_out_prompts.json"
+    );
+    let (report, text) = bench_json(
+        "ab",
+        &[
+            "--a",
+            "shipped",
+            "--b",
+            "shipped",
+            "--prompts-file",
+            prompts,
+            "--prompts",
+            "2",
+            "--max-tokens",
+            "16",
+        ],
+    );
+    // Greedy decoding is deterministic: the same drafter accepts the same tokens.
+    let acc = &report["acceptance_pts"];
+    for key in ["mean", "sd", "low", "high"] {
+        assert_eq!(acc[key].as_f64(), Some(0.0), "{key}: {report}");
+    }
+    assert_eq!(acc["n"], 2);
+    let t = &report["s_per_token"];
+    assert!(t["low"].as_f64().expect("low") <= t["high"].as_f64().expect("high"));
+    assert!(report["relative_speed"].as_f64().expect("speed") > 0.0);
+    assert!(report["adopt"].is_boolean() && report["reason"].is_string());
+    assert_eq!(report["a"]["acceptance_pct"], report["b"]["acceptance_pct"]);
+    let pairs = report["pairs"].as_array().expect("pairs");
+    assert_eq!(pairs.len(), 2);
+    for p in pairs {
+        assert_eq!(p["a"]["accepted"], p["b"]["accepted"]);
+        assert_eq!(p["a"]["tokens"], 15);
+        assert!(p["b"]["drafted"].as_u64().expect("drafted") > 0);
+    }
+    assert!(text.contains("verdict: "), "{text}");
+    assert_one_line_error(
+        &tandem(&[
+            "bench",
+            "ab",
+            "--a",
+            "shipped",
+            "--b",
+            "/nonexistent",
+            "--prompts-file",
+            prompts,
+        ]),
+        "drafter /nonexistent",
+    );
+}
+
+#[test]
 fn sampling_is_reproducible_with_a_seed() {
     let args = [
         "generate",
