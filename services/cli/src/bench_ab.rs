@@ -28,6 +28,12 @@ pub struct AbArgs {
     /// Drafter B, the candidate: `shipped` or a drafter folder (as `--drafter`).
     #[arg(long)]
     b: String,
+    /// Drafter A drafts with its model alone (no lookup in the generation's output).
+    #[arg(long)]
+    a_no_lookup: bool,
+    /// Drafter B drafts with its model alone (no lookup in the generation's output).
+    #[arg(long)]
+    b_no_lookup: bool,
     /// Prompts: a JSON list of prompt texts or of token-id lists.
     #[arg(long)]
     prompts_file: PathBuf,
@@ -145,8 +151,8 @@ pub fn run(args: AbArgs) -> Result<()> {
         })
         .collect();
     let report = AbReport {
-        drafter_a: args.a.clone(),
-        drafter_b: args.b.clone(),
+        drafter_a: arm_name(&args.a, args.a_no_lookup),
+        drafter_b: arm_name(&args.b, args.b_no_lookup),
         backend: args.models.backend(),
         prompts_file: args.prompts_file.clone(),
         prompts: prompts.len(),
@@ -184,6 +190,14 @@ fn validate(a: &AbArgs) -> Result<prompt_sets::PromptSet> {
     prompt_sets::read(&a.prompts_file)
 }
 
+/// How an arm is named in the report.
+fn arm_name(drafter: &str, no_lookup: bool) -> String {
+    match no_lookup {
+        true => format!("{drafter} (no lookup)"),
+        false => drafter.to_string(),
+    }
+}
+
 fn sampling(a: &AbArgs, repeat: usize) -> SamplingParams {
     SamplingParams {
         temperature: a.temperature,
@@ -194,10 +208,11 @@ fn sampling(a: &AbArgs, repeat: usize) -> SamplingParams {
 
 /// Loads both drafters for the engine's target and checks they draft `--gamma` tokens.
 fn load_arms(engine: &Engine, a: &AbArgs) -> Result<Arms> {
-    let load = |name: &str| -> Result<std::sync::Arc<dyn Proposer>> {
+    let load = |name: &str, no_lookup: bool| -> Result<std::sync::Arc<dyn Proposer>> {
         let args = DrafterArgs {
             drafter: name.to_string(),
             drafter_seed: 0,
+            no_lookup,
         };
         let p = args.load_any(&a.models, engine.model().head())?.proposer;
         if a.gamma > p.max_gamma() {
@@ -206,8 +221,8 @@ fn load_arms(engine: &Engine, a: &AbArgs) -> Result<Arms> {
         Ok(p)
     };
     Ok(Arms {
-        a: load(&a.a)?,
-        b: load(&a.b)?,
+        a: load(&a.a, a.a_no_lookup)?,
+        b: load(&a.b, a.b_no_lookup)?,
     })
 }
 

@@ -29,6 +29,10 @@ pub struct DrafterArgs {
     /// Seed of a random drafter's weights.
     #[arg(long, default_value_t = 0)]
     pub drafter_seed: u64,
+    /// A DSpark drafter drafts with its model alone, without first looking the anchor up
+    /// in the generation's own output.
+    #[arg(long)]
+    pub no_lookup: bool,
 }
 
 /// The `--drafter` value naming the shipped drafter.
@@ -74,9 +78,10 @@ impl DrafterArgs {
         device: Option<&Device>,
     ) -> Result<Arc<dyn Proposer>> {
         let model = self.load(head)?;
+        let lookup = !self.no_lookup;
         Ok(match device {
-            Some(d) => Arc::new(DsparkProposer::on_device(model, head, d)?),
-            None => Arc::new(DsparkProposer::new(model, head)?),
+            Some(d) => Arc::new(DsparkProposer::on_device(model, head, d)?.with_lookup(lookup)),
+            None => Arc::new(DsparkProposer::new(model, head)?.with_lookup(lookup)),
         })
     }
 }

@@ -5,6 +5,7 @@
 pub mod ab;
 pub mod acceptance;
 pub mod gamma;
+pub mod lookup;
 pub mod proposer;
 pub mod sampling;
 pub mod snapshot;

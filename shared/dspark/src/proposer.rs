@@ -1,14 +1,19 @@
 //! [`DsparkProposer`]: the DSpark drafter (arXiv 2607.05147) behind tandem's `Proposer`
 //! interface. Each session owns a context cache and a seeded sampler whose stream is
-//! derived from the request seed but differs from the verifier's.
+//! derived from the request seed but differs from the verifier's. Unless switched off, a
+//! session first looks the anchor up in the generation's own output
+//! ([`tandem_core::lookup`]): when the last tokens repeat an earlier run, what followed it
+//! is proposed (each token a point mass, so sampled rounds stay exact) and the model is not
+//! run.
 
 use std::sync::Arc;
 
 use candle_core::Device;
 
+use tandem_core::lookup::History;
 use tandem_core::{
     DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, Sampler, SamplingParams,
-    SnapshotRows, SnapshotSpec,
+    SnapshotRows, SnapshotSpec, SparseDist,
 };
 use tandem_gemma::TargetHead;
 
@@ -19,6 +24,10 @@ use crate::model::Dspark;
 
 /// XORed into the request seed so the drafter's key stream is not the verifier's.
 const DRAFT_SEED_MIX: u64 = 0xD5FA_4C0D_E5EE_D001;
+/// Fewest looked-up tokens worth proposing instead of running the model.
+const MIN_LOOKUP: usize = 2;
+/// Confidence sent with a looked-up token (a prior, not a calibrated estimate).
+const LOOKUP_CONFIDENCE: f32 = 0.8;
 
 /// What a DSpark proposer drafts with: the host [`Drafter`] or a [`DeviceDrafter`], each
 /// with its own per-session context.
@@ -87,6 +96,7 @@ pub struct DsparkProposer<D: BlockDrafter = Drafter> {
     drafter: Arc<D>,
     max_gamma: usize,
     spec: SnapshotSpec,
+    lookup: bool,
 }
 
 impl DsparkProposer {
@@ -110,7 +120,13 @@ impl<D: BlockDrafter> DsparkProposer<D> {
             drafter: Arc::new(drafter),
             max_gamma: model.config().gamma,
             spec: SnapshotSpec::taps(&model.config().tap_layers, model.dims().hidden),
+            lookup: true,
         })
+    }
+
+    /// The same proposer with lookup in the generation's output on or off (on by default).
+    pub fn with_lookup(self, lookup: bool) -> Self {
+        Self { lookup, ..self }
     }
 }
 
@@ -136,6 +152,7 @@ impl<D: BlockDrafter> Proposer for DsparkProposer<D> {
             cache: self.drafter.new_context(),
             drafter: Arc::clone(&self.drafter),
             sampler,
+            history: self.lookup.then(History::default),
         }))
     }
 }
@@ -145,6 +162,23 @@ struct DsparkSession<D: BlockDrafter> {
     drafter: Arc<D>,
     cache: D::Context,
     sampler: Sampler,
+    /// The generation's committed tokens as far as the session can tell (lookup on).
+    history: Option<History>,
+}
+
+/// A looked-up block: each token a point mass.
+fn looked_up(tokens: Vec<u32>) -> DraftBlock {
+    DraftBlock {
+        confidences: vec![LOOKUP_CONFIDENCE; tokens.len()],
+        dists: tokens
+            .iter()
+            .map(|t| SparseDist {
+                ids: vec![*t],
+                probs: vec![1.0],
+            })
+            .collect(),
+        tokens,
+    }
 }
 
 fn to_propose_error(e: DsparkError) -> ProposeError {
@@ -184,12 +218,28 @@ impl<D: BlockDrafter> ProposerSession for DsparkSession<D> {
                 D::context_len(&self.cache)
             )));
         }
-        let draft = DraftRequest {
-            anchor: req.anchor,
-            gamma: req.gamma,
+        if let Some(h) = &mut self.history {
+            h.observe(req.position);
+        }
+        let found = match &self.history {
+            Some(h) => h.continuation(req.anchor, req.gamma),
+            None => Vec::new(),
         };
-        self.drafter
-            .draft(&self.cache, &draft, &mut self.sampler)
-            .map_err(to_propose_error)
+        let block = match found.len() >= MIN_LOOKUP {
+            true => looked_up(found),
+            false => {
+                let draft = DraftRequest {
+                    anchor: req.anchor,
+                    gamma: req.gamma,
+                };
+                self.drafter
+                    .draft(&self.cache, &draft, &mut self.sampler)
+                    .map_err(to_propose_error)?
+            }
+        };
+        if let Some(h) = &mut self.history {
+            h.proposed(req.position, req.anchor, &block.tokens);
+        }
+        Ok(block)
     }
 }

@@ -219,3 +219,57 @@ fn device_drafting_matches_the_host_drafter() {
         }
     }
 }
+
+/// A session that sees its generation repeat itself proposes what followed the repeated
+/// run (point masses, sampled or not), without running the model; with lookup off, and
+/// before any repeat, the model drafts.
+#[test]
+fn a_repeating_generation_is_drafted_by_lookup() {
+    let head = tiny_head(1);
+    let model = Arc::new(busy_drafter(tiny_config(), &head, 3));
+    let with = DsparkProposer::new(Arc::clone(&model), &head).expect("proposer");
+    let without = DsparkProposer::new(model, &head)
+        .expect("proposer")
+        .with_lookup(false);
+    let w = with.snapshot_spec().row_width();
+    // The generation commits 21 22 23 24 21 22 23 24 ...: each round accepts the drafted
+    // tokens that continue the cycle (what a greedy verifier would do).
+    let cycle = [21u32, 22, 23, 24];
+    for (p, lookup) in [(&with as &dyn Proposer, true), (&without, false)] {
+        let mut s = p.open(&sampled(5)).expect("open");
+        let mut pos = 3;
+        s.extend(&rows(0, 3, w, 9)).expect("extend");
+        let mut looked_up = 0;
+        for _ in 0..16 {
+            let anchor = cycle[pos % 4];
+            let req = ProposeRequest {
+                anchor,
+                position: pos,
+                gamma: 4,
+            };
+            let block = s.propose(&req).expect("propose");
+            let accepted = (0..block.tokens.len())
+                .take_while(|i| block.tokens[*i] == cycle[(pos + 1 + i) % 4])
+                .count();
+            if block.dists.iter().all(|d| d.ids.len() == 1) && block.tokens.len() >= 2 {
+                looked_up += 1;
+                let want: Vec<u32> = (1..=block.tokens.len())
+                    .map(|i| cycle[(pos + i) % 4])
+                    .collect();
+                assert_eq!(block.tokens, want, "a looked-up block continues the cycle");
+                assert!(block
+                    .dists
+                    .iter()
+                    .zip(&block.tokens)
+                    .all(|(d, t)| d.ids == [*t]));
+            }
+            s.extend(&rows(pos, 1 + accepted, w, pos as u64))
+                .expect("extend");
+            pos += 1 + accepted;
+        }
+        match lookup {
+            true => assert!(looked_up >= 10, "only {looked_up} rounds looked up"),
+            false => assert_eq!(looked_up, 0),
+        }
+    }
+}

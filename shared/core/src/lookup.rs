@@ -1,0 +1,146 @@
+//! Drafting by lookup in a generation's own output (the n-gram "prompt lookup" of vLLM and
+//! SGLang, restricted to what a drafter session sees): when the last few committed tokens
+//! and the anchor occurred earlier in the generation, the tokens that followed them then
+//! are proposed again. Small greedy models fall into loops often, and a loop is drafted
+//! exactly this way, whatever the drafter model.
+//!
+//! A drafter session is told only anchors and positions, not the committed tokens, but it
+//! knows what it drafted: after a round at `position` with anchor `a` and drafts `d`, the
+//! next proposal at `position'` means `a, d[..position' − position − 1]` were committed.
+//! [`History`] rebuilds the generation that way; a gap (plain rounds in between, which the
+//! session never sees) starts it afresh.
+
+/// Shortest repeated run (anchor included) that a lookup trusts.
+pub const MIN_NGRAM: usize = 3;
+/// Longest run compared.
+pub const MAX_NGRAM: usize = 8;
+
+/// The tokens a drafter session has seen committed, and its last proposal.
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    tokens: Vec<u32>,
+    last: Option<Round>,
+}
+
+#[derive(Debug, Clone)]
+struct Round {
+    position: usize,
+    anchor: u32,
+    drafted: Vec<u32>,
+}
+
+impl History {
+    /// Takes in what the round before a proposal at `position` committed.
+    pub fn observe(&mut self, position: usize) {
+        let Some(r) = self.last.take() else {
+            return;
+        };
+        let accepted = position.checked_sub(r.position + 1);
+        match accepted {
+            Some(k) if k <= r.drafted.len() => {
+                self.tokens.push(r.anchor);
+                self.tokens.extend_from_slice(&r.drafted[..k]);
+            }
+            _ => self.tokens.clear(),
+        }
+    }
+
+    /// Records the proposal made at `position` after `anchor`.
+    pub fn proposed(&mut self, position: usize, anchor: u32, drafted: &[u32]) {
+        self.last = Some(Round {
+            position,
+            anchor,
+            drafted: drafted.to_vec(),
+        });
+    }
+
+    /// The tokens known to be committed, oldest first.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Up to `max` tokens that followed the latest earlier occurrence of the longest run
+    /// (at least [`MIN_NGRAM`], at most [`MAX_NGRAM`] tokens) ending with `anchor`.
+    pub fn continuation(&self, anchor: u32, max: usize) -> Vec<u32> {
+        continuation(&self.tokens, anchor, max)
+    }
+}
+
+/// Up to `max` tokens that followed the latest earlier occurrence in `seen` of the longest
+/// run that ends `seen ++ [anchor]` (between [`MIN_NGRAM`] and [`MAX_NGRAM`] tokens long);
+/// empty when there is none.
+pub fn continuation(seen: &[u32], anchor: u32, max: usize) -> Vec<u32> {
+    let mut s = Vec::with_capacity(seen.len() + 1);
+    s.extend_from_slice(seen);
+    s.push(anchor);
+    let len = s.len();
+    for n in (MIN_NGRAM..=MAX_NGRAM.min(len - 1)).rev() {
+        let suffix = &s[len - n..];
+        // Latest start `j` of an earlier occurrence: it must end before the suffix does.
+        let found = (0..len - n).rev().find(|&j| &s[j..j + n] == suffix);
+        if let Some(j) = found {
+            return s[j + n..len.min(j + n + max)].to_vec();
+        }
+    }
+    Vec::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_loop_is_continued_from_its_last_occurrence() {
+        let seen = [1, 2, 3, 4, 5, 9, 1, 2, 3, 4, 5, 7, 1, 2, 3];
+        assert_eq!(continuation(&seen, 4, 8), vec![5, 7, 1, 2, 3, 4]);
+        assert_eq!(continuation(&seen, 4, 2), vec![5, 7]);
+        assert!(continuation(&seen, 8, 8).is_empty(), "no run ends in 8");
+        assert!(continuation(&[5, 6], 7, 8).is_empty(), "too short");
+        // Two-token runs are not trusted.
+        assert!(continuation(&[3, 1, 9, 9, 3], 1, 8).is_empty());
+    }
+
+    #[test]
+    fn history_follows_accepted_prefixes_and_forgets_gaps() {
+        let mut h = History::default();
+        h.observe(10);
+        h.proposed(10, 7, &[8, 9, 4]);
+        h.observe(12); // 7, 8 committed; 9 rejected
+        assert_eq!(h.tokens(), &[7, 8]);
+        h.proposed(12, 5, &[1, 2]);
+        h.observe(15); // all accepted: 5, 1, 2
+        assert_eq!(h.tokens(), &[7, 8, 5, 1, 2]);
+        h.proposed(15, 3, &[4]);
+        h.observe(25); // plain rounds in between: what they committed is unknown
+        assert!(h.tokens().is_empty());
+    }
+
+    proptest! {
+        /// A proposal is what followed an earlier copy of the last [`MIN_NGRAM`] tokens
+        /// (anchor included), and a sequence that repeats itself always gets one.
+        #[test]
+        fn proposals_are_what_followed_the_same_tokens(
+            period in proptest::collection::vec(0u32..4, 1..6),
+            noise in proptest::collection::vec(0u32..4, 0..30),
+            reps in 0usize..5,
+        ) {
+            let mut seq = noise.clone();
+            seq.extend(period.iter().copied().cycle().take(period.len() * reps));
+            prop_assume!(!seq.is_empty());
+            let (seen, anchor) = (&seq[..seq.len() - 1], seq[seq.len() - 1]);
+            let out = continuation(seen, anchor, 8);
+            let len = seq.len();
+            if !out.is_empty() {
+                let tail = &seq[len - MIN_NGRAM..];
+                let followed = (0..len - MIN_NGRAM).any(|j| {
+                    &seq[j..j + MIN_NGRAM] == tail && seq[j + MIN_NGRAM..].starts_with(&out)
+                });
+                prop_assert!(followed, "{:?} did not follow {:?}", out, tail);
+            }
+            if reps * period.len() >= MIN_NGRAM + period.len() {
+                prop_assert!(!out.is_empty());
+            }
+        }
+    }
+}
