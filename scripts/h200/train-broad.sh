@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The broad-corpus drafter run of issue 33 on the lent H200, as device commands (each at
+# most ten minutes; the machine keeps /tmp while calls follow each other). Files travel in
+# folders under .dev/ (ignored by git), one carried per call: tandem-cuda.xz
+# (scripts/build-cuda.sh), tokenizer.json.xz, corpus.tar.xz (scripts/fetch-corpus.sh's
+# train/ folder), shipped.tar (the shipped drafter) and the GGUF in parts gguf.partNN.
+#
+#   train-broad.sh stage DIR    unpack what DIR holds into /tmp/w (parts are appended)
+#   train-broad.sh start        check the GGUF, then in the background: run A (the shipped
+#                               drafter moved to this corpus's draft vocabulary and trained
+#                               on), which makes every sample first; once they are stored,
+#                               run B (a wider, deeper drafter from scratch) beside it
+#   train-broad.sh wait SECS    wait up to SECS while the runs go on; print their logs' ends
+#   train-broad.sh collect      copy the drafters and logs to $OUT
+set -euo pipefail
+W=/tmp/w
+GGUF_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+export TANDEM_MODELS_DIR=$W/models
+STEPS=${STEPS:-3000}
+
+data_flags() {
+  echo --corpus "$W/corpus/train" --prompt-tokens 64 --continuation-tokens 64 \
+    --train-prompts "${PROMPTS:-24000}" --held-out-prompts 64 --held-out-percent 5 \
+    --keep 64 --temperatures 0,0.7,1 --teacher-batch 512 --samples-cache "$W/cache" \
+    --pregenerate --vocab-samples 4096 --seed 4 \
+    --samples-per-step 32 --batch 1024 --warmup 50 --eval-every 250 --checkpoint-every 250 \
+    --device cuda
+}
+
+case "${1:-}" in
+stage)
+  mkdir -p "$W/models/gemma-3-270m" "$W/models/gemma-3-tokenizer"
+  for f in "${2:?stage needs a folder}"/*; do
+    case "$f" in
+      *gguf.part*) cat "$f" >> "$W/models/gemma-3-270m/gemma-3-270m-q4_k_m.gguf" ;;
+      *tandem-cuda.xz) xz -dc "$f" > "$W/tandem" && chmod +x "$W/tandem" ;;
+      *tokenizer.json.xz) xz -dc "$f" > "$W/models/gemma-3-tokenizer/tokenizer.json" ;;
+      *corpus.tar.xz) mkdir -p "$W/corpus" && tar -xJf "$f" -C "$W/corpus" ;;
+      *shipped.tar) tar -xf "$f" -C "$W" && mv "$W/gemma-3-270m-dspark" "$W/shipped" ;;
+    esac
+  done
+  ls -l "$W" "$W/models/gemma-3-270m"
+  ;;
+start)
+  echo "$GGUF_SHA256  $W/models/gemma-3-270m/gemma-3-270m-q4_k_m.gguf" | sha256sum -c
+  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
+  cd "$W"
+  # shellcheck disable=SC2046
+  setsid nohup bash -c "
+    ./tandem train-drafter $(data_flags) --out $W/a --init-from $W/shipped --rebuild-vocab \
+      --steps $STEPS --lr 1.5e-3 > $W/a.log 2>&1 &
+    until grep -q 'draft vocabulary of' $W/a.log 2>/dev/null; do sleep 5; done
+    ./tandem train-drafter $(data_flags) --out $W/b --d-draft 384 --layers 3 --heads 6 \
+      --markov-rank 64 --draft-vocab-size 32768 --steps $STEPS --lr 2e-3 > $W/b.log 2>&1 &
+    wait" > "$W/runs.log" 2>&1 < /dev/null &
+  sleep 20; tail -5 "$W/a.log"
+  ;;
+wait)
+  end=$((SECONDS + ${2:-500}))
+  while [ $SECONDS -lt $end ] && pgrep -f "tandem train-drafter" > /dev/null; do sleep 10; done
+  for r in a b; do echo "== $r"; grep -E "eval|samples|vocabulary|error|Error" "$W/$r.log" | tail -8; tail -2 "$W/$r.log"; done
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv
+  ;;
+collect)
+  for r in a b; do
+    mkdir -p "$OUT/$r"
+    cp "$W/$r.log" "$OUT/$r/" 2>/dev/null || true
+    cp "$W/$r"/dspark.json "$W/$r"/model*.safetensors* "$OUT/$r/" 2>/dev/null || true
+  done
+  ls -lR "$OUT"
+  ;;
+*) echo "usage: $0 stage|start|wait SECS|collect" >&2; exit 2 ;;
+esac
