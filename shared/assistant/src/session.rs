@@ -4,9 +4,7 @@
 
 use std::sync::Arc;
 
-use tandem_core::{
-    DraftBlock, ProposeError, ProposeRequest, ProposerSession, SnapshotRows, SparseDist,
-};
+use tandem_core::{DraftBlock, ProposeError, ProposeRequest, ProposerSession, SnapshotRows};
 use tandem_gemma::gemma4::{DonorKv, Donors, DraftRow};
 
 use crate::proposer::{DonorLayer, Shared};
@@ -119,16 +117,6 @@ impl ProposerSession for AssistantSession {
             .next()
             .map(|d| d.tokens)
             .unwrap_or_default();
-        Ok(DraftBlock {
-            confidences: vec![1.0; tokens.len()],
-            dists: tokens
-                .iter()
-                .map(|t| SparseDist {
-                    ids: vec![*t],
-                    probs: vec![1.0],
-                })
-                .collect(),
-            tokens,
-        })
+        Ok(DraftBlock::point_masses(tokens, 1.0))
     }
 }

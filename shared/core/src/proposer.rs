@@ -31,6 +31,24 @@ pub struct DraftBlock {
     pub dists: Vec<SparseDist>,
 }
 
+impl DraftBlock {
+    /// A block of `tokens` each drawn from a point mass (a greedy drafter's block, or one
+    /// looked up), every one sent with `confidence`.
+    pub fn point_masses(tokens: Vec<u32>, confidence: f32) -> Self {
+        Self {
+            confidences: vec![confidence; tokens.len()],
+            dists: tokens
+                .iter()
+                .map(|t| SparseDist {
+                    ids: vec![*t],
+                    probs: vec![1.0],
+                })
+                .collect(),
+            tokens,
+        }
+    }
+}
+
 /// Why a proposer could not serve a call. Messages are one line, for users.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProposeError {

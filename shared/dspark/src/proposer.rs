@@ -13,7 +13,7 @@ use candle_core::Device;
 use tandem_core::lookup::History;
 use tandem_core::{
     DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, Sampler, SamplingParams,
-    SnapshotRows, SnapshotSpec, SparseDist,
+    SnapshotRows, SnapshotSpec,
 };
 use tandem_gemma::TargetHead;
 
@@ -166,21 +166,6 @@ struct DsparkSession<D: BlockDrafter> {
     history: Option<History>,
 }
 
-/// A looked-up block: each token a point mass.
-fn looked_up(tokens: Vec<u32>) -> DraftBlock {
-    DraftBlock {
-        confidences: vec![LOOKUP_CONFIDENCE; tokens.len()],
-        dists: tokens
-            .iter()
-            .map(|t| SparseDist {
-                ids: vec![*t],
-                probs: vec![1.0],
-            })
-            .collect(),
-        tokens,
-    }
-}
-
 fn to_propose_error(e: DsparkError) -> ProposeError {
     match e {
         DsparkError::Invalid(m) => ProposeError::Invalid(m),
@@ -226,7 +211,7 @@ impl<D: BlockDrafter> ProposerSession for DsparkSession<D> {
             None => Vec::new(),
         };
         let block = match found.len() >= MIN_LOOKUP {
-            true => looked_up(found),
+            true => DraftBlock::point_masses(found, LOOKUP_CONFIDENCE),
             false => {
                 let draft = DraftRequest {
                     anchor: req.anchor,
