@@ -80,9 +80,14 @@ fn walk(path: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
 }
 
 fn is_text(path: &Path) -> bool {
+    extension_in(path, &TEXT_EXTENSIONS)
+}
+
+/// Whether `path`'s extension is one of `names` (lowercase), in any case.
+fn extension_in(path: &Path, names: &[&str]) -> bool {
     path.extension()
         .and_then(|e| e.to_str())
-        .is_some_and(|e| TEXT_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+        .is_some_and(|e| names.contains(&e.to_ascii_lowercase().as_str()))
 }
 
 /// Whether `path` belongs to the held-out split: FNV-1a of its text, modulo 100, below
@@ -103,10 +108,7 @@ pub(crate) fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
 pub fn read_text(path: &Path) -> Result<String> {
     let bytes = std::fs::read(path).map_err(|e| TrainError::io(path, e))?;
     let text = String::from_utf8_lossy(&bytes).into_owned();
-    let html = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .is_some_and(|e| e.eq_ignore_ascii_case("html") || e.eq_ignore_ascii_case("htm"));
+    let html = extension_in(path, &["html", "htm"]);
     Ok(if html { strip_html(&text) } else { text })
 }
 
@@ -191,12 +193,6 @@ impl Doc {
     }
 }
 
-fn is_jsonl(path: &Path) -> bool {
-    path.extension()
-        .and_then(|e| e.to_str())
-        .is_some_and(|e| e.eq_ignore_ascii_case("jsonl"))
-}
-
 /// The prompt lines of a `.jsonl` file (blank lines skipped).
 pub fn jsonl_prompts(path: &Path) -> Result<Vec<String>> {
     #[derive(serde::Deserialize)]
@@ -219,7 +215,7 @@ pub fn jsonl_prompts(path: &Path) -> Result<Vec<String>> {
 fn documents(paths: &[PathBuf]) -> Result<Vec<Doc>> {
     let mut docs = Vec::new();
     for file in text_files(paths)? {
-        if !is_jsonl(&file) {
+        if !extension_in(&file, &["jsonl"]) {
             docs.push(Doc::File(file));
             continue;
         }
@@ -256,7 +252,7 @@ where
             let tokens = tokenize(text)?;
             let body = cfg.prompt_tokens - usize::from(cfg.bos.is_some());
             let tail = &tokens[tokens.len().saturating_sub(body)..];
-            Ok(match tail.is_empty() || room == 0 {
+            Ok(match tail.is_empty() {
                 true => Vec::new(),
                 false => vec![cfg.bos.into_iter().chain(tail.iter().copied()).collect()],
             })
@@ -283,12 +279,12 @@ where
     let full = |o: &Prompts| {
         o.train.len() >= cfg.train_prompts && o.held_out.len() >= cfg.held_out_prompts
     };
+    let room = cfg.prompts_per_file.max(1);
     // Documents are read and tokenized in parallel, a chunk at a time, and taken in order.
     for batch in docs.chunks(64) {
         if full(&out) {
             break;
         }
-        let room = cfg.prompts_per_file.max(1);
         let cut: Vec<(bool, Vec<Vec<u32>>)> = batch
             .par_iter()
             .map(|doc| {
