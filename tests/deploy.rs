@@ -114,6 +114,7 @@ impl ProposerSession for BigramSession {
             confidences: vec![0.5; tokens.len()],
             tokens,
             dists,
+            ..DraftBlock::default()
         })
     }
 }

@@ -14,7 +14,9 @@ pub mod stopping;
 pub use ab::{AbError, ArmSummary, Comparison, Interval, PromptRun};
 pub use acceptance::{accept_greedy, accept_sampled, Verdict};
 pub use gamma::{GammaPolicy, GammaPolicyConfig, Learnt, CARRIED_ROUNDS};
-pub use proposer::{DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession};
+pub use proposer::{
+    DraftBlock, DraftSource, ProposeError, ProposeRequest, Proposer, ProposerSession,
+};
 pub use sampling::{
     argmax, distribution, distribution_of, Sampler, SamplingError, SamplingParams, SparseDist,
 };

@@ -19,6 +19,30 @@ pub struct ProposeRequest {
     pub gamma: usize,
 }
 
+/// Where a block's tokens come from: the drafter's model, or a lookup in the generation's
+/// own output. Calibration and the acceptance metrics keep the two apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum DraftSource {
+    /// Drafted by the model.
+    #[default]
+    Model,
+    /// Copied from an earlier run of the generation ([`crate::lookup`]).
+    Lookup,
+}
+
+impl DraftSource {
+    /// Both sources, in a fixed order.
+    pub const ALL: [DraftSource; 2] = [DraftSource::Model, DraftSource::Lookup];
+
+    /// A lower-case name for files, flags and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Model => "model",
+            Self::Lookup => "lookup",
+        }
+    }
+}
+
 /// A drafted block.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DraftBlock {
@@ -29,6 +53,11 @@ pub struct DraftBlock {
     /// The distribution each token was drawn from (a point mass when greedy); rejection
     /// sampling needs them exactly.
     pub dists: Vec<SparseDist>,
+    /// What drafted the block.
+    pub source: DraftSource,
+    /// Whether `confidences` went through a fitted calibration ([`crate::calibration`]);
+    /// the verifier cuts blocks on calibrated confidences only.
+    pub calibrated: bool,
 }
 
 impl DraftBlock {
@@ -45,7 +74,13 @@ impl DraftBlock {
                 })
                 .collect(),
             tokens,
+            ..Self::default()
         }
+    }
+
+    /// The same block, marked as drafted by `source`.
+    pub fn from_source(self, source: DraftSource) -> Self {
+        Self { source, ..self }
     }
 }
 

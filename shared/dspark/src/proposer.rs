@@ -12,8 +12,8 @@ use candle_core::Device;
 
 use tandem_core::lookup::History;
 use tandem_core::{
-    DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, Sampler, SamplingParams,
-    SnapshotRows, SnapshotSpec,
+    DraftBlock, DraftSource, ProposeError, ProposeRequest, Proposer, ProposerSession, Sampler,
+    SamplingParams, SnapshotRows, SnapshotSpec,
 };
 use tandem_gemma::TargetHead;
 
@@ -211,7 +211,9 @@ impl<D: BlockDrafter> ProposerSession for DsparkSession<D> {
             None => Vec::new(),
         };
         let block = match found.len() >= MIN_LOOKUP {
-            true => DraftBlock::point_masses(found, LOOKUP_CONFIDENCE),
+            true => {
+                DraftBlock::point_masses(found, LOOKUP_CONFIDENCE).from_source(DraftSource::Lookup)
+            }
             false => {
                 let draft = DraftRequest {
                     anchor: req.anchor,

@@ -174,6 +174,7 @@ mod tests {
             tokens: tokens.to_vec(),
             confidences: vec![0.5; tokens.len()],
             dists,
+            ..DraftBlock::default()
         }
     }
 

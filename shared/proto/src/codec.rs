@@ -4,7 +4,9 @@
 //! length, finite values) before it reaches a model.
 
 use half::{bf16, f16};
-use tandem_core::{DraftBlock, FinishReason, SamplingParams, SnapshotRows, SparseDist};
+use tandem_core::{
+    DraftBlock, DraftSource, FinishReason, SamplingParams, SnapshotRows, SparseDist,
+};
 
 use crate::v1 as pb;
 
@@ -67,15 +69,26 @@ pub fn block_to_pb(b: &DraftBlock, compute_seconds: f64) -> pb::Block {
         confidences: b.confidences.clone(),
         dists: b.dists.iter().map(pb::SparseDist::from).collect(),
         compute_seconds,
+        source: match b.source {
+            DraftSource::Model => pb::DraftSource::Model,
+            DraftSource::Lookup => pb::DraftSource::Lookup,
+        } as i32,
+        calibrated: b.calibrated,
     }
 }
 
 impl From<pb::Block> for DraftBlock {
     fn from(b: pb::Block) -> Self {
+        let source = match b.source() {
+            pb::DraftSource::Lookup => DraftSource::Lookup,
+            pb::DraftSource::Model | pb::DraftSource::Unspecified => DraftSource::Model,
+        };
         Self {
             tokens: b.tokens,
             confidences: b.confidences,
             dists: b.dists.into_iter().map(SparseDist::from).collect(),
+            source,
+            calibrated: b.calibrated,
         }
     }
 }

@@ -204,6 +204,7 @@ impl ProposerSession for OracleSession {
             confidences: vec![1.0; tokens.len()],
             tokens,
             dists,
+            ..DraftBlock::default()
         })
     }
 }
