@@ -80,12 +80,17 @@ pub fn accept_sampled(
     }
 }
 
-/// `norm(max(p - q, 0))`; `p` itself when the two coincide (no mass left). Linear in the
-/// sizes of `p` and `q` (full-vocabulary distributions meet 32k-token draft ones here): `q`
-/// is subtracted where its ids sit in `p`, found directly when `p` lists every id in order
-/// and through an index of `p` otherwise.
+/// `norm(max(p - q, 0))`; `p` itself when the two coincide (no mass left).
 fn residual(p: &SparseDist, q: &SparseDist) -> SparseDist {
-    let mut mass: Vec<f64> = p.probs.iter().map(|x| *x as f64).collect();
+    weighted_residual(p, 1.0, q).0
+}
+
+/// `norm(max(w·p - q, 0))` and its mass before normalising; `p` itself (and mass 0) when
+/// no mass is left. Linear in the sizes of `p` and `q` (full-vocabulary distributions meet
+/// 32k-token draft ones here): `q` is subtracted where its ids sit in `p`, found directly
+/// when `p` lists every id in order and through an index of `p` otherwise.
+pub(crate) fn weighted_residual(p: &SparseDist, w: f64, q: &SparseDist) -> (SparseDist, f64) {
+    let mut mass: Vec<f64> = p.probs.iter().map(|x| w * *x as f64).collect();
     let in_order = p.ids.iter().enumerate().all(|(i, id)| *id as usize == i);
     let index: HashMap<u32, usize> = match in_order {
         true => HashMap::new(),
@@ -103,11 +108,62 @@ fn residual(p: &SparseDist, q: &SparseDist) -> SparseDist {
     mass.iter_mut().for_each(|m| *m = m.max(0.0));
     let total: f64 = mass.iter().sum();
     if total <= 0.0 {
-        return p.clone();
+        return (p.clone(), 0.0);
     }
-    SparseDist {
+    let dist = SparseDist {
         ids: p.ids.clone(),
         probs: mass.iter().map(|m| (m / total) as f32).collect(),
+    };
+    (dist, total)
+}
+
+/// How a sampled round judges its draft (greedy rounds keep the prefix that matches the
+/// target's argmax either way, which both rules reduce to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Verification {
+    /// Token by token ([`accept_sampled`]): the round stops at the first rejection.
+    Token,
+    /// The block jointly ([`crate::block::accept_block`]): never fewer kept tokens in
+    /// expectation, at the price of every position's full target distribution.
+    #[default]
+    Block,
+}
+
+impl Verification {
+    /// Both rules.
+    pub const ALL: [Verification; 2] = [Verification::Token, Verification::Block];
+
+    /// The rule's name in flags, reports and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Token => "token",
+            Self::Block => "block",
+        }
+    }
+
+    /// Verifies a sampled draft by this rule (see [`accept_sampled`] for the arguments).
+    pub fn accept(
+        self,
+        draft: &[u32],
+        q: &[SparseDist],
+        p: impl FnMut(usize) -> SparseDist,
+        rng: &mut Sampler,
+    ) -> Verdict {
+        match self {
+            Self::Token => accept_sampled(draft, q, p, rng),
+            Self::Block => crate::block::accept_block(draft, q, p, rng),
+        }
+    }
+}
+
+impl std::str::FromStr for Verification {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.as_str() == s)
+            .ok_or_else(|| format!("unknown verification {s:?} (token or block)"))
     }
 }
 

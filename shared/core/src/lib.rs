@@ -4,6 +4,7 @@
 
 pub mod ab;
 pub mod acceptance;
+pub mod block;
 pub mod gamma;
 pub mod lookup;
 pub mod proposer;
@@ -12,7 +13,8 @@ pub mod snapshot;
 pub mod stopping;
 
 pub use ab::{AbError, ArmSummary, Comparison, Interval, PromptRun};
-pub use acceptance::{accept_greedy, accept_sampled, Verdict};
+pub use acceptance::{accept_greedy, accept_sampled, Verdict, Verification};
+pub use block::{accept_block, BlockPlan};
 pub use gamma::{GammaPolicy, GammaPolicyConfig, Learnt, CARRIED_ROUNDS};
 pub use proposer::{
     DraftBlock, DraftSource, ProposeError, ProposeRequest, Proposer, ProposerSession,
