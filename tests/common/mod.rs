@@ -260,6 +260,7 @@ pub async fn start_verifier_for(
     let cfg = VerifierConfig {
         gamma: setup.gamma,
         adaptive_gamma: false,
+        verification: Default::default(),
         default_max_tokens: 64,
         target,
     };
@@ -357,6 +358,7 @@ pub fn request(prompt: &str, max_tokens: u32, speculative: bool) -> pb::Generate
         ignore_eos: true,
         speculative: Some(speculative),
         max_gamma: None,
+        ..Default::default()
     }
 }
 

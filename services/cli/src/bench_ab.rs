@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 use tandem_core::ab::{self, Comparison, PromptRun};
-use tandem_core::{Proposer, SamplingParams};
+use tandem_core::{Proposer, SamplingParams, Verification};
 use tandem_engine::Engine;
 
 use crate::bench_spec::{decode_local, Decode, Tally};
@@ -49,6 +49,9 @@ pub struct AbArgs {
     /// Let each round choose its draft length up to `--gamma`.
     #[arg(long)]
     adaptive_gamma: bool,
+    /// How sampled rounds verify drafts: `block` or `token`.
+    #[arg(long, default_value = "block")]
+    verification: Verification,
     /// Sampling temperature (0: greedy).
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
@@ -239,6 +242,7 @@ fn run_pairs(
         sampling: sampling(a, repeat),
         gamma: a.gamma,
         adaptive_gamma: a.adaptive_gamma,
+        verification: a.verification,
     };
     for p in [&arms.a, &arms.b] {
         decode_local(engine, Some(p.as_ref()), &decode(0), &prompts[0])?;

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
-use tandem_core::{Proposer, SamplingParams};
+use tandem_core::{Proposer, SamplingParams, Verification};
 use tandem_engine::{Engine, GenerationRequest, SpecStats, Update};
 use tandem_proto::codec::sampling_to_pb;
 use tandem_proto::v1 as pb;
@@ -44,6 +44,9 @@ pub struct SpecArgs {
     /// than the length of every block.
     #[arg(long)]
     adaptive_gamma: bool,
+    /// How sampled rounds verify drafts: `block` or `token`.
+    #[arg(long, default_value = "block")]
+    verification: Verification,
     /// Prompts to run.
     #[arg(long, default_value_t = 4)]
     prompts: usize,
@@ -357,6 +360,7 @@ fn decode_all(
         sampling,
         gamma,
         adaptive_gamma: a.adaptive_gamma,
+        verification: a.verification,
     };
     let mut tally = Tally::default();
     for prompt in prompts {
@@ -373,6 +377,7 @@ pub(crate) struct Decode {
     /// Draft length (0: plain decoding).
     pub(crate) gamma: usize,
     pub(crate) adaptive_gamma: bool,
+    pub(crate) verification: Verification,
 }
 
 /// One prompt decoded through `Engine::generate` in this process, speculatively when there
@@ -390,6 +395,7 @@ pub(crate) fn decode_local(
         ignore_eos: true,
         gamma: d.gamma,
         adaptive_gamma: d.adaptive_gamma,
+        verification: d.verification,
         ..GenerationRequest::default()
     };
     let proposer = proposer.filter(|_| d.gamma > 0);
@@ -420,6 +426,7 @@ async fn remote_all(
             ignore_eos: true,
             speculative: Some(gamma > 0),
             max_gamma: (gamma > 0).then_some(gamma as u32),
+            verification: pb::Verification::from(a.verification) as i32,
             ..Default::default()
         };
         let f = client::finished(&mut client, req).await?;

@@ -5,7 +5,7 @@ use std::io::Write;
 
 use anyhow::{bail, Context, Result};
 use pb::generation_client::GenerationClient;
-use tandem_core::SamplingParams;
+use tandem_core::{SamplingParams, Verification};
 use tandem_proto::codec::sampling_to_pb;
 use tandem_proto::v1 as pb;
 
@@ -25,6 +25,8 @@ pub struct RemoteRequest {
     pub speculative: bool,
     /// γ cap.
     pub gamma: usize,
+    /// How sampled rounds verify drafts.
+    pub verification: Verification,
 }
 
 /// Streams a generation from the verifier at `url`.
@@ -44,6 +46,7 @@ pub fn generate(url: &str, r: &RemoteRequest) -> Result<pb::Finished> {
             ignore_eos: r.ignore_eos,
             speculative: Some(r.speculative),
             max_gamma: Some(r.gamma as u32),
+            verification: pb::Verification::from(r.verification) as i32,
         };
         let mut stream = client
             .generate(req)

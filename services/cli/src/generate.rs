@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use clap::Args;
-use tandem_core::{FinishReason, Proposer, SamplingParams};
+use tandem_core::{FinishReason, Proposer, SamplingParams, Verification};
 use tandem_engine::{Engine, GenerationRequest, Outcome, Update};
 
 use crate::client::{self, RemoteRequest};
@@ -51,6 +51,9 @@ pub struct GenerateArgs {
     /// Let each round choose its draft length up to --gamma (in process, speculative only).
     #[arg(long)]
     adaptive_gamma: bool,
+    /// How sampled rounds verify drafts: `block` or `token`.
+    #[arg(long, default_value = "block")]
+    verification: Verification,
     /// Send the request to a verifier (e.g. http://127.0.0.1:50051) instead of running the
     /// model here; speculation then follows --speculative.
     #[arg(long)]
@@ -79,6 +82,7 @@ impl GenerateArgs {
             ignore_eos: self.ignore_eos,
             gamma: if self.speculative { self.gamma } else { 0 },
             adaptive_gamma: self.adaptive_gamma,
+            verification: self.verification,
         };
         if self.speculative && self.gamma == 0 {
             anyhow::bail!("--gamma must be at least 1");
@@ -160,6 +164,7 @@ fn run_remote(url: &str, args: &GenerateArgs) -> Result<()> {
         ignore_eos: args.ignore_eos,
         speculative: args.speculative,
         gamma: args.gamma,
+        verification: args.verification,
     };
     let finished = client::generate(url, &req)?;
     eprintln!("\n[{}]", client::summary(&finished));

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use tandem_core::Verification;
 use tandem_drafter::{DrafterConfig, DrafterMetrics, DrafterService};
 use tandem_gemma::TargetIdentity;
 use tandem_proto::v1 as pb;
@@ -75,6 +76,10 @@ pub struct VerifierOptions {
     /// generation measures, drafting nothing when drafting does not pay.
     #[arg(long, env = "TANDEM_ADAPTIVE_GAMMA", default_value_t = true, action = clap::ArgAction::Set)]
     adaptive_gamma: bool,
+    /// How sampled rounds verify drafts when a request does not say: `block` (jointly,
+    /// Sun et al. 2024; never fewer accepted tokens) or `token` (token by token).
+    #[arg(long, env = "TANDEM_VERIFICATION", default_value = "block")]
+    verification: Verification,
     /// Generations running at once.
     #[arg(long, env = "TANDEM_MAX_CONCURRENT", default_value_t = 4)]
     max_concurrent: usize,
@@ -104,6 +109,7 @@ impl VerifierOptions {
         Self {
             gamma,
             adaptive_gamma,
+            verification: Verification::default(),
             max_concurrent: 4,
             kv_cache_bytes: 4 << 30,
             default_max_tokens: 256,
@@ -244,6 +250,7 @@ pub(crate) async fn verifier_service(
     let vcfg = VerifierConfig {
         gamma: o.gamma,
         adaptive_gamma: o.adaptive_gamma,
+        verification: o.verification,
         default_max_tokens: o.default_max_tokens,
         target,
     };

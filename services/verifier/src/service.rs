@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tandem_core::{FinishReason, Proposer};
+use tandem_core::{FinishReason, Proposer, Verification};
 use tandem_engine::{Engine, GenerationRequest, Outcome, Update};
-use tandem_proto::codec::sampling_from_pb;
+use tandem_proto::codec::{sampling_from_pb, verification_from_pb};
 use tandem_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -33,6 +33,8 @@ pub struct VerifierConfig {
     /// Let each generation choose its rounds' draft lengths up to that γ
     /// ([`tandem_core::GammaPolicy`]), plain rounds included when drafting does not pay.
     pub adaptive_gamma: bool,
+    /// How sampled rounds verify drafts when a request does not say.
+    pub verification: Verification,
     /// `max_tokens` when a request gives none.
     pub default_max_tokens: usize,
     /// The target's identity, reported by GetModelInfo.
@@ -137,6 +139,7 @@ impl Inner {
     /// A request as the engine takes it, and whether it asks for speculation.
     fn parse(&self, r: pb::GenerateRequest) -> Result<(GenerationRequest, bool), VerifierError> {
         let invalid = |m: String| VerifierError::InvalidArgument(m);
+        let verification = verification_from_pb(r.verification(), self.cfg.verification);
         let prompt = match r.prompt {
             Some(pb::generate_request::Prompt::Text(t)) if !t.is_empty() => self
                 .engine
@@ -181,6 +184,7 @@ impl Inner {
             ignore_eos: r.ignore_eos,
             gamma,
             adaptive_gamma: self.cfg.adaptive_gamma,
+            verification,
         };
         self.engine.check(&req)?;
         Ok((req, r.speculative.unwrap_or(true) && gamma > 0))

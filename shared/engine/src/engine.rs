@@ -12,9 +12,9 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 use tandem_core::{
-    accept_greedy, accept_sampled, argmax, distribution, distribution_of, Chunk, DraftBlock,
-    FinishReason, GammaPolicy, GammaPolicyConfig, Output, Proposer, Sampler, SamplingParams,
-    SnapshotSpec, Verdict,
+    accept_greedy, argmax, distribution, distribution_of, Chunk, DraftBlock, FinishReason,
+    GammaPolicy, GammaPolicyConfig, Output, Proposer, Sampler, SamplingParams, SnapshotSpec,
+    Verdict,
 };
 use tandem_gemma::{argmax_rows, LogitsMode, TopRow};
 use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
@@ -296,7 +296,7 @@ impl<'e> Generation<'e> {
                 let ids: Vec<u32> = top.iter().map(TopRow::first_max).collect();
                 return Ok(accept_greedy(&draft.tokens, &ids));
             }
-            return Ok(accept_sampled(
+            return Ok(self.req.verification.accept(
                 &draft.tokens,
                 &draft.dists,
                 |i| distribution_of(&top[i].ids, &top[i].values, &sampling),
@@ -311,7 +311,7 @@ impl<'e> Generation<'e> {
             return Ok(accept_greedy(&draft.tokens, &greedy_tokens(logits, rows)?));
         }
         let rows = logits_rows(logits, rows)?;
-        Ok(accept_sampled(
+        Ok(self.req.verification.accept(
             &draft.tokens,
             &draft.dists,
             |i| distribution(&rows[i], &sampling),

@@ -1,6 +1,6 @@
 //! A generation request, as every front end (CLI, gRPC) hands it to the engine.
 
-use tandem_core::{SamplingParams, StopConfig};
+use tandem_core::{SamplingParams, StopConfig, Verification};
 
 use crate::error::{EngineError, Result};
 
@@ -23,6 +23,8 @@ pub struct GenerationRequest {
     /// Let a [`tandem_core::GammaPolicy`] choose each round's draft length, up to `gamma`
     /// (plain rounds included, when drafting does not pay).
     pub adaptive_gamma: bool,
+    /// How sampled rounds judge their drafts (greedy rounds are the same either way).
+    pub verification: Verification,
 }
 
 impl Default for GenerationRequest {
@@ -35,6 +37,7 @@ impl Default for GenerationRequest {
             ignore_eos: false,
             gamma: 0,
             adaptive_gamma: false,
+            verification: Verification::default(),
         }
     }
 }

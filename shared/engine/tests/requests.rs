@@ -8,7 +8,7 @@ use std::ops::ControlFlow;
 
 use tandem_core::{
     DraftBlock, FinishReason, ProposeError, ProposeRequest, Proposer, ProposerSession,
-    SamplingParams, SnapshotRows, SnapshotSpec,
+    SamplingParams, SnapshotRows, SnapshotSpec, Verification,
 };
 use tandem_engine::{EngineError, GenerationRequest, Update};
 
@@ -72,14 +72,19 @@ fn seeded_sampling_reproduces_in_both_paths() {
         },
         Spoil::Never,
     );
-    for gamma in [0, 4] {
+    for (gamma, verification) in [
+        (0, Verification::Token),
+        (4, Verification::Token),
+        (4, Verification::Block),
+    ] {
         let req = GenerationRequest {
             gamma,
+            verification,
             ..req.clone()
         };
         let a = generate(&req, Some(&oracle)).0;
         let b = generate(&req, Some(&oracle)).0;
-        assert_eq!(a.tokens, b.tokens, "γ={gamma}");
+        assert_eq!(a.tokens, b.tokens, "γ={gamma} {verification:?}");
         assert_eq!(a.tokens.len(), 24);
         let other = GenerationRequest {
             sampling: SamplingParams {
@@ -91,9 +96,19 @@ fn seeded_sampling_reproduces_in_both_paths() {
         assert_ne!(
             generate(&other, Some(&oracle)).0.tokens,
             a.tokens,
-            "γ={gamma}"
+            "γ={gamma} {verification:?}"
         );
     }
+    let plain = |verification| GenerationRequest {
+        gamma: 0,
+        verification,
+        ..req.clone()
+    };
+    assert_eq!(
+        generate(&plain(Verification::Block), None).0.tokens,
+        generate(&plain(Verification::Token), None).0.tokens,
+        "plain decoding draws the same stream whichever rule a request names"
+    );
 }
 
 #[test]

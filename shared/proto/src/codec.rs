@@ -5,7 +5,7 @@
 
 use half::{bf16, f16};
 use tandem_core::{
-    DraftBlock, DraftSource, FinishReason, SamplingParams, SnapshotRows, SparseDist,
+    DraftBlock, DraftSource, FinishReason, SamplingParams, SnapshotRows, SparseDist, Verification,
 };
 
 use crate::v1 as pb;
@@ -90,6 +90,24 @@ impl From<pb::Block> for DraftBlock {
             source,
             calibrated: b.calibrated,
         }
+    }
+}
+
+impl From<Verification> for pb::Verification {
+    fn from(v: Verification) -> Self {
+        match v {
+            Verification::Token => Self::Token,
+            Verification::Block => Self::Block,
+        }
+    }
+}
+
+/// The rule a request asks for, `default` when it leaves it unspecified.
+pub fn verification_from_pb(v: pb::Verification, default: Verification) -> Verification {
+    match v {
+        pb::Verification::Token => Verification::Token,
+        pb::Verification::Block => Verification::Block,
+        pb::Verification::Unspecified => default,
     }
 }
 
