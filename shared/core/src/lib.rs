@@ -5,6 +5,7 @@
 pub mod ab;
 pub mod acceptance;
 pub mod block;
+pub mod calibration;
 pub mod gamma;
 pub mod lookup;
 pub mod proposer;
