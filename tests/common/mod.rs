@@ -261,6 +261,7 @@ pub async fn start_verifier_for(
         gamma: setup.gamma,
         adaptive_gamma: false,
         verification: Default::default(),
+        confidence_cuts: true,
         default_max_tokens: 64,
         target,
     };

@@ -34,6 +34,12 @@ pub struct AbArgs {
     /// Drafter B drafts with its model alone (no lookup in the generation's output).
     #[arg(long)]
     b_no_lookup: bool,
+    /// Drafter A sends its raw confidences even if it has a calibration.
+    #[arg(long)]
+    a_no_calibration: bool,
+    /// Drafter B sends its raw confidences even if it has a calibration.
+    #[arg(long)]
+    b_no_calibration: bool,
     /// Prompts: a JSON list of prompt texts or of token-id lists.
     #[arg(long)]
     prompts_file: PathBuf,
@@ -52,6 +58,10 @@ pub struct AbArgs {
     /// How sampled rounds verify drafts: `block` or `token`.
     #[arg(long, default_value = "block")]
     verification: Verification,
+    /// Verify whole blocks even where calibrated confidences say a tail does not pay
+    /// (cuts apply only with an adaptive γ and a calibrated drafter).
+    #[arg(long)]
+    no_confidence_cuts: bool,
     /// Sampling temperature (0: greedy).
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
@@ -211,11 +221,12 @@ fn sampling(a: &AbArgs, repeat: usize) -> SamplingParams {
 
 /// Loads both drafters for the engine's target and checks they draft `--gamma` tokens.
 fn load_arms(engine: &Engine, a: &AbArgs) -> Result<Arms> {
-    let load = |name: &str, no_lookup: bool| -> Result<std::sync::Arc<dyn Proposer>> {
+    let load = |name: &str, no_lookup, no_calibration| -> Result<std::sync::Arc<dyn Proposer>> {
         let args = DrafterArgs {
             drafter: name.to_string(),
             drafter_seed: 0,
             no_lookup,
+            no_calibration,
         };
         let p = args.load_any(&a.models, engine.model().head())?.proposer;
         if a.gamma > p.max_gamma() {
@@ -224,8 +235,8 @@ fn load_arms(engine: &Engine, a: &AbArgs) -> Result<Arms> {
         Ok(p)
     };
     Ok(Arms {
-        a: load(&a.a, a.a_no_lookup)?,
-        b: load(&a.b, a.b_no_lookup)?,
+        a: load(&a.a, a.a_no_lookup, a.a_no_calibration)?,
+        b: load(&a.b, a.b_no_lookup, a.b_no_calibration)?,
     })
 }
 
@@ -243,6 +254,7 @@ fn run_pairs(
         gamma: a.gamma,
         adaptive_gamma: a.adaptive_gamma,
         verification: a.verification,
+        confidence_cuts: !a.no_confidence_cuts,
     };
     for p in [&arms.a, &arms.b] {
         decode_local(engine, Some(p.as_ref()), &decode(0), &prompts[0])?;

@@ -47,6 +47,10 @@ pub struct SpecArgs {
     /// How sampled rounds verify drafts: `block` or `token`.
     #[arg(long, default_value = "block")]
     verification: Verification,
+    /// Verify whole blocks even where calibrated confidences say a tail does not pay
+    /// (cuts apply only with an adaptive γ and a calibrated drafter).
+    #[arg(long)]
+    no_confidence_cuts: bool,
     /// Prompts to run.
     #[arg(long, default_value_t = 4)]
     prompts: usize,
@@ -361,6 +365,7 @@ fn decode_all(
         gamma,
         adaptive_gamma: a.adaptive_gamma,
         verification: a.verification,
+        confidence_cuts: !a.no_confidence_cuts,
     };
     let mut tally = Tally::default();
     for prompt in prompts {
@@ -378,6 +383,7 @@ pub(crate) struct Decode {
     pub(crate) gamma: usize,
     pub(crate) adaptive_gamma: bool,
     pub(crate) verification: Verification,
+    pub(crate) confidence_cuts: bool,
 }
 
 /// One prompt decoded through `Engine::generate` in this process, speculatively when there
@@ -396,6 +402,7 @@ pub(crate) fn decode_local(
         gamma: d.gamma,
         adaptive_gamma: d.adaptive_gamma,
         verification: d.verification,
+        confidence_cuts: d.confidence_cuts,
         ..GenerationRequest::default()
     };
     let proposer = proposer.filter(|_| d.gamma > 0);
@@ -427,6 +434,7 @@ async fn remote_all(
             speculative: Some(gamma > 0),
             max_gamma: (gamma > 0).then_some(gamma as u32),
             verification: pb::Verification::from(a.verification) as i32,
+            confidence_cuts: Some(!a.no_confidence_cuts),
             ..Default::default()
         };
         let f = client::finished(&mut client, req).await?;

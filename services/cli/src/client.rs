@@ -25,8 +25,10 @@ pub struct RemoteRequest {
     pub speculative: bool,
     /// γ cap.
     pub gamma: usize,
-    /// How sampled rounds verify drafts.
-    pub verification: Verification,
+    /// How sampled rounds verify drafts (unset: the server's default).
+    pub verification: Option<Verification>,
+    /// Confidence cuts on or off (unset: the server's default).
+    pub confidence_cuts: Option<bool>,
 }
 
 /// Streams a generation from the verifier at `url`.
@@ -46,7 +48,10 @@ pub fn generate(url: &str, r: &RemoteRequest) -> Result<pb::Finished> {
             ignore_eos: r.ignore_eos,
             speculative: Some(r.speculative),
             max_gamma: Some(r.gamma as u32),
-            verification: pb::Verification::from(r.verification) as i32,
+            verification: r
+                .verification
+                .map_or(pb::Verification::Unspecified, Into::into) as i32,
+            confidence_cuts: r.confidence_cuts,
         };
         let mut stream = client
             .generate(req)

@@ -12,8 +12,9 @@ use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::Args;
 use tandem_assistant::{AssistantOptions, AssistantProposer};
+use tandem_core::calibration::Calibration;
 use tandem_core::Proposer;
-use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
+use tandem_dspark::{load_calibration, Dspark, DsparkConfig, DsparkProposer, TargetDims};
 use tandem_gemma::{TargetHead, TargetIdentity};
 
 use crate::models::{model_type, ModelArgs};
@@ -33,6 +34,10 @@ pub struct DrafterArgs {
     /// in the generation's own output.
     #[arg(long)]
     pub no_lookup: bool,
+    /// Send a DSpark drafter's raw confidences even when it has a calibration
+    /// (`tandem calibrate`).
+    #[arg(long)]
+    pub no_calibration: bool,
 }
 
 /// The `--drafter` value naming the shipped drafter.
@@ -45,30 +50,42 @@ fn shipped_dir() -> PathBuf {
 }
 
 impl DrafterArgs {
+    /// The directory of the DSpark checkpoint `--drafter` names (none for `random`).
+    pub fn dir(&self) -> Result<Option<PathBuf>> {
+        let dir = match self.drafter.as_str() {
+            "random" => return Ok(None),
+            SHIPPED => shipped_dir(),
+            path => PathBuf::from(path),
+        };
+        if self.drafter == SHIPPED && !dir.join("dspark.json").is_file() {
+            bail!(
+                "the shipped drafter is not at {}: pass --drafter DIR or --drafter random",
+                dir.display()
+            );
+        }
+        Ok(Some(dir))
+    }
+
     /// Loads (or initialises) the drafter for the target whose head is `head`.
     pub fn load(&self, head: &TargetHead) -> Result<Arc<Dspark>> {
-        let model = match self.drafter.as_str() {
-            "random" => {
+        let model = match self.dir()? {
+            None => {
                 let cfg = DsparkConfig::small(&TargetDims::of(head));
                 Dspark::init(cfg, head, self.drafter_seed)?
             }
-            SHIPPED => {
-                let dir = shipped_dir();
-                if !dir.join("dspark.json").is_file() {
-                    bail!(
-                        "the shipped drafter is not at {}: pass --drafter DIR or --drafter random",
-                        dir.display()
-                    );
-                }
-                Dspark::load(&dir, head).context("loading the shipped drafter")?
-            }
-            path => {
-                let dir = Path::new(path);
-                Dspark::load(dir, head)
-                    .with_context(|| format!("loading drafter {}", dir.display()))?
-            }
+            Some(dir) => Dspark::load(&dir, head)
+                .with_context(|| format!("loading drafter {}", dir.display()))?,
         };
         Ok(Arc::new(model))
+    }
+
+    /// The calibration of the DSpark drafter `--drafter` names, unless switched off.
+    pub fn calibration(&self) -> Result<Option<Calibration>> {
+        match (self.dir()?, self.no_calibration) {
+            (Some(dir), false) => load_calibration(&dir)
+                .with_context(|| format!("loading the calibration of {}", dir.display())),
+            _ => Ok(None),
+        }
     }
 
     /// The drafter as a proposer over `head`, on `device` (the host when `None`).
@@ -78,10 +95,18 @@ impl DrafterArgs {
         device: Option<&Device>,
     ) -> Result<Arc<dyn Proposer>> {
         let model = self.load(head)?;
-        let lookup = !self.no_lookup;
+        let (lookup, calibration) = (!self.no_lookup, self.calibration()?);
         Ok(match device {
-            Some(d) => Arc::new(DsparkProposer::on_device(model, head, d)?.with_lookup(lookup)),
-            None => Arc::new(DsparkProposer::new(model, head)?.with_lookup(lookup)),
+            Some(d) => Arc::new(
+                DsparkProposer::on_device(model, head, d)?
+                    .with_lookup(lookup)
+                    .with_calibration(calibration),
+            ),
+            None => Arc::new(
+                DsparkProposer::new(model, head)?
+                    .with_lookup(lookup)
+                    .with_calibration(calibration),
+            ),
         })
     }
 }

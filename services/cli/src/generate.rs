@@ -51,9 +51,14 @@ pub struct GenerateArgs {
     /// Let each round choose its draft length up to --gamma (in process, speculative only).
     #[arg(long)]
     adaptive_gamma: bool,
-    /// How sampled rounds verify drafts: `block` or `token`.
-    #[arg(long, default_value = "block")]
-    verification: Verification,
+    /// How sampled rounds verify drafts: `block` (the default in process) or `token`; with
+    /// --server, unset leaves it to the server.
+    #[arg(long)]
+    verification: Option<Verification>,
+    /// Verify whole blocks even where calibrated confidences say a tail does not pay
+    /// (cuts apply only with an adaptive γ and a calibrated drafter).
+    #[arg(long)]
+    no_confidence_cuts: bool,
     /// Send the request to a verifier (e.g. http://127.0.0.1:50051) instead of running the
     /// model here; speculation then follows --speculative.
     #[arg(long)]
@@ -82,7 +87,8 @@ impl GenerateArgs {
             ignore_eos: self.ignore_eos,
             gamma: if self.speculative { self.gamma } else { 0 },
             adaptive_gamma: self.adaptive_gamma,
-            verification: self.verification,
+            verification: self.verification.unwrap_or_default(),
+            confidence_cuts: !self.no_confidence_cuts,
         };
         if self.speculative && self.gamma == 0 {
             anyhow::bail!("--gamma must be at least 1");
@@ -165,6 +171,7 @@ fn run_remote(url: &str, args: &GenerateArgs) -> Result<()> {
         speculative: args.speculative,
         gamma: args.gamma,
         verification: args.verification,
+        confidence_cuts: args.no_confidence_cuts.then_some(false),
     };
     let finished = client::generate(url, &req)?;
     eprintln!("\n[{}]", client::summary(&finished));

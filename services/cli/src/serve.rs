@@ -80,6 +80,10 @@ pub struct VerifierOptions {
     /// Sun et al. 2024; never fewer accepted tokens) or `token` (token by token).
     #[arg(long, env = "TANDEM_VERIFICATION", default_value = "block")]
     verification: Verification,
+    /// With an adaptive γ, verify only the part of each block whose calibrated confidences
+    /// pay for its verify rows (drafters without a calibration are never cut).
+    #[arg(long, env = "TANDEM_CONFIDENCE_CUTS", default_value_t = true, action = clap::ArgAction::Set)]
+    confidence_cuts: bool,
     /// Generations running at once.
     #[arg(long, env = "TANDEM_MAX_CONCURRENT", default_value_t = 4)]
     max_concurrent: usize,
@@ -110,6 +114,7 @@ impl VerifierOptions {
             gamma,
             adaptive_gamma,
             verification: Verification::default(),
+            confidence_cuts: true,
             max_concurrent: 4,
             kv_cache_bytes: 4 << 30,
             default_max_tokens: 256,
@@ -251,6 +256,7 @@ pub(crate) async fn verifier_service(
         gamma: o.gamma,
         adaptive_gamma: o.adaptive_gamma,
         verification: o.verification,
+        confidence_cuts: o.confidence_cuts,
         default_max_tokens: o.default_max_tokens,
         target,
     };

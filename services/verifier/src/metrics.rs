@@ -1,12 +1,15 @@
 //! The verifier's Prometheus metrics (names and definitions in ARCHITECTURE.md, following
-//! vLLM's so dashboards carry over). Labels are bounded: finish reasons and draft positions
-//! up to the largest γ.
+//! vLLM's so dashboards carry over). Labels are bounded: finish reasons, draft positions
+//! up to the largest γ and five confidence buckets.
 
 use std::sync::Arc;
 
 use tandem_core::FinishReason;
 use tandem_engine::{Outcome, RoundStats};
 use tandem_telemetry::{Counter, Gauge, Histogram, Registry};
+
+/// Upper edges of the confidence buckets of the per-confidence acceptance counters.
+const CONFIDENCE_EDGES: [f32; 5] = [0.2, 0.4, 0.6, 0.8, 1.0];
 
 const REASONS: [FinishReason; 5] = [
     FinishReason::Length,
@@ -27,6 +30,11 @@ pub struct VerifierMetrics {
     generated: Counter,
     prompt_tokens: Counter,
     proposer_failures: Counter,
+    /// `[position][bucket]`: tokens reached (all before them accepted) and accepted.
+    reached_by_conf: Vec<Vec<Counter>>,
+    accepted_by_conf: Vec<Vec<Counter>>,
+    cut_blocks: Counter,
+    cut_tokens: Counter,
     /// Drafter streams that failed (open, send or receive).
     pub draft_rpc_errors: Counter,
     /// Seconds to the first token.
@@ -53,6 +61,22 @@ impl VerifierMetrics {
         let pos = |name, help| {
             (1..=max_gamma.max(1))
                 .map(|p| r.counter(name, help, &[("position", p.to_string())]))
+                .collect()
+        };
+        let by_conf = |name, help| {
+            (1..=max_gamma.max(1))
+                .map(|p| {
+                    let mut lo = 0.0;
+                    CONFIDENCE_EDGES
+                        .iter()
+                        .map(|hi| {
+                            let bucket = format!("{lo:.1}-{hi:.1}");
+                            lo = *hi;
+                            let labels = [("position", p.to_string()), ("confidence", bucket)];
+                            r.counter(name, help, &labels)
+                        })
+                        .collect()
+                })
                 .collect()
         };
         let secs = |name, help| r.histogram(name, help, &[]);
@@ -99,6 +123,26 @@ impl VerifierMetrics {
             proposer_failures: r.counter(
                 "tandem_proposer_failures_total",
                 "Generations that lost their drafter and went on without speculation.",
+                &[],
+            ),
+            reached_by_conf: by_conf(
+                "tandem_spec_reached_tokens_by_confidence_total",
+                "Draft tokens verified with every token before them accepted, by position \
+                 and by the confidence the drafter sent.",
+            ),
+            accepted_by_conf: by_conf(
+                "tandem_spec_accepted_tokens_by_confidence_total",
+                "Draft tokens accepted, by position and by the confidence the drafter sent.",
+            ),
+            cut_blocks: r.counter(
+                "tandem_spec_confidence_cut_blocks_total",
+                "Drafted blocks shortened because their calibrated confidences did not pay \
+                 for verifying the rest.",
+                &[],
+            ),
+            cut_tokens: r.counter(
+                "tandem_spec_confidence_cut_tokens_total",
+                "Drafted tokens left unverified by confidence cuts.",
                 &[],
             ),
             draft_rpc_errors: r.counter(
@@ -153,6 +197,10 @@ impl VerifierMetrics {
     /// Records one round.
     pub fn round(&self, r: &RoundStats) {
         self.verify.record(r.verify_s);
+        if r.cut > 0 {
+            self.cut_blocks.increment(1);
+            self.cut_tokens.increment(r.cut as u64);
+        }
         if r.drafted == 0 {
             return;
         }
@@ -166,6 +214,19 @@ impl VerifierMetrics {
         }
         for c in self.accepted_per_pos.iter().take(r.accepted) {
             c.increment(1);
+        }
+        let reached = r.confidences.iter().take(r.accepted + 1).enumerate();
+        for (k, conf) in reached {
+            let b = CONFIDENCE_EDGES
+                .iter()
+                .position(|hi| conf < hi)
+                .unwrap_or(4);
+            if let Some(c) = self.reached_by_conf.get(k) {
+                c[b].increment(1);
+            }
+            if let (true, Some(c)) = (k < r.accepted, self.accepted_by_conf.get(k)) {
+                c[b].increment(1);
+            }
         }
     }
 

@@ -35,6 +35,9 @@ pub struct VerifierConfig {
     pub adaptive_gamma: bool,
     /// How sampled rounds verify drafts when a request does not say.
     pub verification: Verification,
+    /// Whether adaptive generations cut blocks on calibrated confidences when a request
+    /// does not say.
+    pub confidence_cuts: bool,
     /// `max_tokens` when a request gives none.
     pub default_max_tokens: usize,
     /// The target's identity, reported by GetModelInfo.
@@ -185,6 +188,7 @@ impl Inner {
             gamma,
             adaptive_gamma: self.cfg.adaptive_gamma,
             verification,
+            confidence_cuts: r.confidence_cuts.unwrap_or(self.cfg.confidence_cuts),
         };
         self.engine.check(&req)?;
         Ok((req, r.speculative.unwrap_or(true) && gamma > 0))

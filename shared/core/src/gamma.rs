@@ -223,6 +223,11 @@ impl GammaPolicy {
         }
     }
 
+    /// Draft cost per round, in one-token forwards (learnt, or the configured prior).
+    pub fn draft_cost(&self) -> f64 {
+        self.draft_cost
+    }
+
     /// Cost of a round drafting `gamma` tokens, in one-token forwards.
     pub fn cost(&self, gamma: usize) -> f64 {
         let draft = if gamma > 0 { self.draft_cost } else { 0.0 };

@@ -6,6 +6,7 @@ pub mod ab;
 pub mod acceptance;
 pub mod block;
 pub mod calibration;
+pub mod cut;
 pub mod gamma;
 pub mod lookup;
 pub mod proposer;

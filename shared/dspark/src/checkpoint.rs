@@ -1,13 +1,17 @@
 //! Drafter checkpoints: f32 safetensors (sharded with an HF-style index when larger than
 //! a limit) plus a JSON manifest naming the target the drafter was made for, in the
 //! layout of the DSpark reference (seeds/dflash-drafter.diff.txt: kind "dspark-drafter",
-//! variant "dflash"). The target's LM head is shared, never stored here.
+//! variant "dflash"). The target's LM head is shared, never stored here. A calibration of
+//! the drafter's confidences ([`tandem_core::calibration`]) may sit beside it, named with
+//! its version in the manifest; saving new weights drops it, since it was fitted to the
+//! old ones.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
+use tandem_core::calibration::{Calibration, CALIBRATION_VERSION};
 use tandem_gemma::{TargetHead, TargetIdentity};
 
 use crate::config::{DraftVocab, DsparkConfig, TargetDims};
@@ -20,6 +24,8 @@ pub const MANIFEST: &str = "dspark.json";
 const KIND: &str = "dspark-drafter";
 const VARIANT: &str = "dflash";
 const VERSION: u32 = 1;
+/// Calibration file name, beside the manifest.
+pub const CALIBRATION: &str = "calibration.json";
 const SINGLE: &str = "model.safetensors";
 const INDEX: &str = "model.safetensors.index.json";
 
@@ -50,6 +56,15 @@ struct Manifest {
     dims: TargetDims,
     draft_vocab_size: usize,
     param_names: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    calibration: Option<CalibrationRef>,
+}
+
+/// The manifest's pointer to a calibration file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CalibrationRef {
+    file: String,
+    version: u32,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -105,6 +120,7 @@ impl Dspark {
             dims: self.dims,
             draft_vocab_size: self.vocab.len(),
             param_names: named.iter().map(|(n, _)| n.clone()).collect(),
+            calibration: None,
         };
         let tensors = named.into_iter().map(|(n, v)| (n, v.as_tensor().clone()));
         let groups = shards(tensors.collect(), opts.shard_bytes.max(1));
@@ -197,4 +213,37 @@ impl Dspark {
         }
         Ok(all)
     }
+}
+
+/// The calibration the manifest in `dir` names, if any; an error when the file is missing,
+/// unreadable or of another version.
+pub fn load_calibration(dir: &Path) -> Result<Option<Calibration>> {
+    let m: Manifest = read_json(&dir.join(MANIFEST))?;
+    let Some(r) = m.calibration else {
+        return Ok(None);
+    };
+    let path = dir.join(&r.file);
+    let cal: Calibration = read_json(&path)?;
+    if r.version != CALIBRATION_VERSION || cal.version != CALIBRATION_VERSION {
+        return Err(DsparkError::checkpoint(
+            &path,
+            format!(
+                "calibration v{} is not v{CALIBRATION_VERSION}: run tandem calibrate again",
+                cal.version
+            ),
+        ));
+    }
+    Ok(Some(cal))
+}
+
+/// Saves `cal` as [`CALIBRATION`] beside the drafter in `dir` and names it in the manifest.
+pub fn attach_calibration(dir: &Path, cal: &Calibration) -> Result<()> {
+    let path = dir.join(MANIFEST);
+    let mut m: Manifest = read_json(&path)?;
+    write_json(&dir.join(CALIBRATION), cal)?;
+    m.calibration = Some(CalibrationRef {
+        file: CALIBRATION.into(),
+        version: cal.version,
+    });
+    write_json(&path, &m)
 }

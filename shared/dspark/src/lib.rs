@@ -27,7 +27,7 @@ mod params;
 mod proposer;
 mod train;
 
-pub use checkpoint::{SaveOptions, MANIFEST};
+pub use checkpoint::{attach_calibration, load_calibration, SaveOptions, CALIBRATION, MANIFEST};
 pub use config::{DraftVocab, DsparkConfig, TargetDims};
 pub use device::{DeviceContext, DeviceDrafter};
 pub use draft::{ContextCache, DraftRequest, Drafter, ScoredBlock};

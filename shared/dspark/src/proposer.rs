@@ -4,12 +4,14 @@
 //! session first looks the anchor up in the generation's own output
 //! ([`tandem_core::lookup`]): when the last tokens repeat an earlier run, what followed it
 //! is proposed (each token a point mass, so sampled rounds stay exact) and the model is not
-//! run.
+//! run. With a calibration ([`Calibration`]), a session calibrates every block's
+//! confidences for its sampling regime and its source before sending it.
 
 use std::sync::Arc;
 
 use candle_core::Device;
 
+use tandem_core::calibration::{Calibration, Regime};
 use tandem_core::lookup::History;
 use tandem_core::{
     DraftBlock, DraftSource, ProposeError, ProposeRequest, Proposer, ProposerSession, Sampler,
@@ -97,6 +99,7 @@ pub struct DsparkProposer<D: BlockDrafter = Drafter> {
     max_gamma: usize,
     spec: SnapshotSpec,
     lookup: bool,
+    calibration: Option<Arc<Calibration>>,
 }
 
 impl DsparkProposer {
@@ -121,12 +124,21 @@ impl<D: BlockDrafter> DsparkProposer<D> {
             max_gamma: model.config().gamma,
             spec: SnapshotSpec::taps(&model.config().tap_layers, model.dims().hidden),
             lookup: true,
+            calibration: None,
         })
     }
 
     /// The same proposer with lookup in the generation's output on or off (on by default).
     pub fn with_lookup(self, lookup: bool) -> Self {
         Self { lookup, ..self }
+    }
+
+    /// The same proposer calibrating its confidences with `calibration` (none: raw).
+    pub fn with_calibration(self, calibration: Option<Calibration>) -> Self {
+        Self {
+            calibration: calibration.map(Arc::new),
+            ..self
+        }
     }
 }
 
@@ -153,6 +165,11 @@ impl<D: BlockDrafter> Proposer for DsparkProposer<D> {
             drafter: Arc::clone(&self.drafter),
             sampler,
             history: self.lookup.then(History::default),
+            regime: self
+                .calibration
+                .as_ref()
+                .and_then(|c| c.regime(sampling.temperature))
+                .cloned(),
         }))
     }
 }
@@ -164,6 +181,8 @@ struct DsparkSession<D: BlockDrafter> {
     sampler: Sampler,
     /// The generation's committed tokens as far as the session can tell (lookup on).
     history: Option<History>,
+    /// The calibration of the generation's sampling regime.
+    regime: Option<Regime>,
 }
 
 fn to_propose_error(e: DsparkError) -> ProposeError {
@@ -210,7 +229,7 @@ impl<D: BlockDrafter> ProposerSession for DsparkSession<D> {
             Some(h) => h.continuation(req.anchor, req.gamma),
             None => Vec::new(),
         };
-        let block = match found.len() >= MIN_LOOKUP {
+        let mut block = match found.len() >= MIN_LOOKUP {
             true => {
                 DraftBlock::point_masses(found, LOOKUP_CONFIDENCE).from_source(DraftSource::Lookup)
             }
@@ -226,6 +245,9 @@ impl<D: BlockDrafter> ProposerSession for DsparkSession<D> {
         };
         if let Some(h) = &mut self.history {
             h.proposed(req.position, req.anchor, &block.tokens);
+        }
+        if let Some(r) = &self.regime {
+            block.calibrated = r.apply(block.source, &mut block.confidences);
         }
         Ok(block)
     }

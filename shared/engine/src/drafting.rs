@@ -138,6 +138,16 @@ fn check_block(
     if let Some(t) = block.tokens.iter().find(|t| **t as usize >= vocab) {
         return bad(format!("token {t} outside the vocabulary of {vocab}"));
     }
+    if block.confidences.len() != block.tokens.len() {
+        return bad(format!(
+            "{} confidences for {} tokens",
+            block.confidences.len(),
+            block.tokens.len()
+        ));
+    }
+    if let Some(c) = block.confidences.iter().find(|c| !(0.0..=1.0).contains(*c)) {
+        return bad(format!("confidence {c} is outside [0, 1]"));
+    }
     if greedy {
         return Ok(());
     }
@@ -251,6 +261,17 @@ mod tests {
         assert!(check_block(&block(&[1, 2], vec![]), 2, 10, true).is_ok());
         assert!(check_block(&block(&[1, 2, 3], vec![]), 2, 10, true).is_err());
         assert!(check_block(&block(&[1, 12], vec![]), 2, 10, true).is_err());
+        let doubtful = |c: f32| DraftBlock {
+            confidences: vec![c],
+            ..block(&[1], vec![])
+        };
+        assert!(check_block(&doubtful(1.5), 2, 10, true).is_err());
+        assert!(check_block(&doubtful(f32::NAN), 2, 10, true).is_err());
+        let unsure = DraftBlock {
+            confidences: vec![],
+            ..block(&[1], vec![])
+        };
+        assert!(check_block(&unsure, 2, 10, true).is_err());
         assert!(check_block(&block(&[1, 2], vec![point(1)]), 2, 10, false).is_err());
         assert!(check_block(&block(&[1, 2], vec![point(1), point(3)]), 2, 10, false).is_err());
         assert!(check_block(&block(&[1, 2], vec![point(1), point(2)]), 2, 10, false).is_ok());

@@ -12,9 +12,9 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 use tandem_core::{
-    accept_greedy, argmax, distribution, distribution_of, Chunk, DraftBlock, FinishReason,
-    GammaPolicy, GammaPolicyConfig, Output, Proposer, Sampler, SamplingParams, SnapshotSpec,
-    Verdict,
+    accept_greedy, argmax, cut::cut_length, distribution, distribution_of, Chunk, DraftBlock,
+    FinishReason, GammaPolicy, GammaPolicyConfig, Output, Proposer, Sampler, SamplingParams,
+    SnapshotSpec, Verdict,
 };
 use tandem_gemma::{argmax_rows, LogitsMode, TopRow};
 use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
@@ -246,7 +246,7 @@ impl<'e> Generation<'e> {
         let want = self.policy.as_ref().map_or(self.gamma, GammaPolicy::choose);
         let gamma = want.min(self.output.remaining() - 1).min(room);
         let t0 = Instant::now();
-        let draft = match (&mut self.drafting, gamma) {
+        let mut draft = match (&mut self.drafting, gamma) {
             (Some(d), 1..) => d.propose(anchor, n, gamma, self.vocab),
             _ => Ok(DraftBlock::default()),
         }
@@ -255,6 +255,7 @@ impl<'e> Generation<'e> {
             DraftBlock::default()
         });
         let draft_s = t0.elapsed().as_secs_f64();
+        let cut = self.cut(&mut draft);
         let mut block = vec![anchor];
         block.extend_from_slice(&draft.tokens);
         let t1 = Instant::now();
@@ -272,6 +273,10 @@ impl<'e> Generation<'e> {
         self.send_rows(&out, n, verdict.accepted + 1)?;
         let round = RoundStats {
             drafted: draft.tokens.len(),
+            cut,
+            confidences: draft.confidences.clone(),
+            calibrated: draft.calibrated,
+            source: draft.source,
             accepted: verdict.accepted,
             draft_s: draft_s + t2.elapsed().as_secs_f64(),
             verify_s,
@@ -281,6 +286,24 @@ impl<'e> Generation<'e> {
             p.record(round.drafted, round.accepted, round.draft_s, round.verify_s);
         }
         Ok((verdict.emitted(&draft.tokens), round))
+    }
+
+    /// Cuts `draft` where its calibrated confidences stop paying for the verify rows they
+    /// cost ([`cut_length`], with the costs the generation's adaptive policy measured);
+    /// only adaptive generations that allow it cut, and only calibrated blocks. Returns
+    /// the number of tokens cut.
+    fn cut(&self, draft: &mut DraftBlock) -> usize {
+        let allowed = self.req.confidence_cuts && draft.calibrated;
+        let Some(policy) = self.policy.as_ref().filter(|_| allowed) else {
+            return 0;
+        };
+        let fixed = 1.0 + policy.draft_cost();
+        let keep = cut_length(&draft.confidences, fixed, policy.verify_slope());
+        let cut = draft.tokens.len() - keep;
+        draft.tokens.truncate(keep);
+        draft.confidences.truncate(keep);
+        draft.dists.truncate(keep);
+        cut
     }
 
     /// Accepts a prefix of `draft` against the target logits of `out` and chooses the next

@@ -25,6 +25,10 @@ pub struct GenerationRequest {
     pub adaptive_gamma: bool,
     /// How sampled rounds judge their drafts (greedy rounds are the same either way).
     pub verification: Verification,
+    /// Let adaptive generations verify only the part of each block whose calibrated
+    /// confidences pay for its verify rows (blocks without calibrated confidences are
+    /// verified whole).
+    pub confidence_cuts: bool,
 }
 
 impl Default for GenerationRequest {
@@ -38,6 +42,7 @@ impl Default for GenerationRequest {
             gamma: 0,
             adaptive_gamma: false,
             verification: Verification::default(),
+            confidence_cuts: true,
         }
     }
 }

@@ -1,12 +1,22 @@
 //! What a generation measured: per-round speculation figures and timings.
 
 use serde::Serialize;
+use tandem_core::DraftSource;
 
 /// One verification round.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct RoundStats {
-    /// Tokens drafted (0 for a plain step).
+    /// Tokens drafted and verified (0 for a plain step).
     pub drafted: usize,
+    /// Drafted tokens left unverified because their confidences did not pay for it.
+    pub cut: usize,
+    /// The confidences of the verified tokens, as the proposer sent them.
+    pub confidences: Vec<f32>,
+    /// Whether those confidences were calibrated.
+    pub calibrated: bool,
+    /// What drafted the block.
+    #[serde(skip)]
+    pub source: DraftSource,
     /// Draft tokens accepted.
     pub accepted: usize,
     /// Seconds spent drafting (the proposer's extend and propose calls).
@@ -99,6 +109,7 @@ mod tests {
             accepted,
             draft_s: 0.5,
             verify_s: 1.0,
+            ..RoundStats::default()
         };
         s.record(&round(4, 4));
         s.record(&round(4, 1));

@@ -25,7 +25,7 @@ fn check(spoil: Spoil) {
             assert_eq!(spec.spec.proposer_failures, 0);
             let rounds: Vec<_> = updates
                 .iter()
-                .filter_map(|u| u.round)
+                .filter_map(|u| u.round.clone())
                 .filter(|r| r.drafted > 0)
                 .collect();
             assert!(rounds

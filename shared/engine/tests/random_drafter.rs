@@ -34,7 +34,7 @@ fn greedy_output_is_plain_output() {
             assert_eq!(out.tokens, plain, "{prompt:?} γ={gamma}");
             assert_eq!(out.spec.proposer_failures, 0);
             assert!(out.spec.drafts > 0);
-            let rounds = updates.iter().filter_map(|u| u.round);
+            let rounds = updates.iter().filter_map(|u| u.round.clone());
             assert!(rounds.filter(|r| r.drafted > 0).all(|r| r.drafted <= gamma));
         }
     }
@@ -75,7 +75,7 @@ fn adaptive_gamma_turns_a_useless_drafter_off_and_keeps_the_output() {
         };
         let (out, updates) = generate(&req, Some(&drafter));
         assert_eq!(out.tokens, plain, "{prompt:?}");
-        let rounds: Vec<_> = updates.iter().filter_map(|u| u.round).collect();
+        let rounds: Vec<_> = updates.iter().filter_map(|u| u.round.clone()).collect();
         let drafting = rounds.iter().filter(|r| r.drafted > 0).count();
         assert!(
             drafting > 0,
@@ -102,7 +102,7 @@ fn rounds_of(
     let mut rounds = Vec::new();
     let out = engine
         .generate(&req, Some(drafter), &mut |u: &Update| {
-            rounds.extend(u.round);
+            rounds.extend(u.round.clone());
             std::ops::ControlFlow::Continue(())
         })
         .expect("generate");

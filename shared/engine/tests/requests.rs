@@ -48,7 +48,10 @@ fn a_stop_string_inside_an_accepted_block_cuts_exactly_there() {
     assert_eq!(spec.text, plain.text);
     let streamed: String = updates.iter().map(|u| u.chunk.text.as_str()).collect();
     assert_eq!(streamed, spec.text);
-    let round = updates.iter().find_map(|u| u.round).expect("a round");
+    let round = updates
+        .iter()
+        .find_map(|u| u.round.clone())
+        .expect("a round");
     assert_eq!(
         round.accepted, round.drafted,
         "the stop fell inside a fully accepted block"
