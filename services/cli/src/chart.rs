@@ -18,7 +18,7 @@ use crate::bench_spec::Mode;
 
 const SIZE: (u32, u32) = (1200, 520);
 /// The family every text of the chart uses.
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 
 /// Flags of `tandem bench chart`.
 #[derive(Args, Debug)]
@@ -62,7 +62,7 @@ pub fn draw(path: &Path, modes: &[Mode]) -> Result<()> {
 }
 
 /// Registers the embedded font once per process.
-fn register_font() -> Result<()> {
+pub(crate) fn register_font() -> Result<()> {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     let ok = *REGISTERED.get_or_init(|| {
         plotters::style::register_font(FONT, FontStyle::Normal, epaint_default_fonts::HACK_REGULAR)
@@ -74,7 +74,7 @@ fn register_font() -> Result<()> {
     }
 }
 
-fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+pub(crate) fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("{e:?}")
 }
 

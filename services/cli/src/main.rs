@@ -4,6 +4,7 @@ mod bench;
 mod bench_ab;
 mod bench_rpc;
 mod bench_spec;
+mod calibrate;
 mod chart;
 mod client;
 mod drafter;
@@ -11,6 +12,7 @@ mod generate;
 mod loopback;
 mod models;
 mod prompt_sets;
+mod reliability;
 mod serve;
 mod train_drafter;
 
@@ -38,6 +40,9 @@ enum Command {
     Up(serve::UpArgs),
     /// Distil a DSpark drafter from the target on text from a corpus.
     TrainDrafter(train_drafter::TrainArgs),
+    /// Fit the calibration of a DSpark drafter's confidences on rounds of the target and
+    /// save it beside the drafter.
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 fn main() {
@@ -53,6 +58,7 @@ fn main() {
         Command::Verifier(args) => serve::verifier(args),
         Command::Up(args) => serve::up(args),
         Command::TrainDrafter(args) => train_drafter::run(args),
+        Command::Calibrate(args) => calibrate::run(args),
     };
     if let Err(e) = result {
         eprintln!("tandem: error: {e:#}");
