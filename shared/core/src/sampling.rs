@@ -75,7 +75,30 @@ pub struct SparseDist {
     pub probs: Vec<f32>,
 }
 
+/// Largest probability mass a sampled proposal leaves out (see [`SparseDist::without_tail`]).
+pub const PROPOSAL_TAIL: f32 = 1e-3;
+
 impl SparseDist {
+    /// A drafter's sampled proposal without its tail: the ids whose probability is below
+    /// `PROPOSAL_TAIL / vocab_len` (together at most [`PROPOSAL_TAIL`] of the mass) go and
+    /// the rest is renormalised. Drawing from and reporting the trimmed distribution keeps
+    /// rejection sampling exact, and a block's distributions shrink from the whole
+    /// vocabulary (a megabyte a position on the wire for 262k ids) to the ids that matter.
+    pub fn without_tail(self, vocab_len: usize) -> SparseDist {
+        let floor = PROPOSAL_TAIL / vocab_len.max(1) as f32;
+        let (ids, probs): (Vec<u32>, Vec<f32>) = self
+            .ids
+            .into_iter()
+            .zip(self.probs)
+            .filter(|(_, p)| *p >= floor)
+            .unzip();
+        let total: f32 = probs.iter().sum();
+        SparseDist {
+            ids,
+            probs: probs.into_iter().map(|p| p / total).collect(),
+        }
+    }
+
     /// The probability of `id` (0 when absent). Constant time when `id` sits at index `id`
     /// (a full-vocabulary distribution in id order), a scan otherwise.
     pub fn prob(&self, id: u32) -> f32 {
@@ -303,6 +326,27 @@ impl Sampler {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The tail below `PROPOSAL_TAIL / |vocabulary|` goes, the rest keeps its proportions
+    /// and sums to 1.
+    #[test]
+    fn trimming_a_proposal_drops_the_tail_and_renormalises() {
+        let vocab = 1000;
+        let floor = PROPOSAL_TAIL / vocab as f32;
+        let mut probs = vec![0.5, 0.3, 0.15, floor * 0.9, floor * 1.1];
+        let rest = 1.0 - probs.iter().sum::<f32>();
+        probs.push(rest);
+        let dist = SparseDist {
+            ids: vec![7, 3, 9, 4, 1, 8],
+            probs,
+        };
+        let t = dist.clone().without_tail(vocab);
+        assert_eq!(t.ids, vec![7, 3, 9, 1, 8]);
+        assert!((t.probs.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        let scale = t.probs[0] / dist.probs[0];
+        assert!((t.probs[1] / dist.probs[1] - scale).abs() < 1e-5);
+        assert!(scale > 1.0 && scale < 1.0 + 2.0 * floor);
+    }
 
     fn params(t: f32, k: Option<usize>, p: f32) -> SamplingParams {
         SamplingParams {

@@ -244,33 +244,10 @@ fn check_token(t: u32, vocab_size: usize) -> Result<()> {
     Ok(())
 }
 
-/// Largest probability mass a sampled proposal leaves out (see [`trim`]).
-const DRAFT_TAIL: f32 = 1e-3;
-
-/// A sampled proposal without its tail: the tokens whose probability is below
-/// `DRAFT_TAIL / |vocabulary|` (together at most `DRAFT_TAIL` of the mass), the rest
-/// renormalised. Drawing from and reporting the trimmed distribution keeps rejection
-/// sampling exact, and a block's distributions shrink from the whole draft vocabulary (32k
-/// entries a position on the wire between drafter and verifier) to the tokens that matter.
-fn trim(dist: SparseDist, vocab_len: usize) -> SparseDist {
-    let floor = DRAFT_TAIL / vocab_len as f32;
-    let (ids, probs): (Vec<u32>, Vec<f32>) = dist
-        .ids
-        .into_iter()
-        .zip(dist.probs)
-        .filter(|(_, p)| *p >= floor)
-        .unzip();
-    let total: f32 = probs.iter().sum();
-    SparseDist {
-        ids,
-        probs: probs.into_iter().map(|p| p / total).collect(),
-    }
-}
-
 /// Draws the block of `req` position by position (Alg. 1's sequential Markov pass):
 /// `step(k, prev)` gives position `k`'s distribution over the draft vocabulary and its
 /// confidence after target token `prev`; the draw, from the distribution without its
-/// tail ([`trim`]), becomes the next `prev`.
+/// tail ([`SparseDist::without_tail`]), becomes the next `prev`.
 pub(crate) fn sample_block(
     vocab: &DraftVocab,
     req: &DraftRequest,
@@ -283,7 +260,7 @@ pub(crate) fn sample_block(
         let (dist, conf) = step(k, prev)?;
         let dist = match dist.ids.len() {
             1 => dist,
-            _ => trim(dist, vocab.len()),
+            _ => dist.without_tail(vocab.len()),
         };
         let pick = match dist.ids.len() {
             1 => dist.ids[0],
@@ -302,30 +279,4 @@ pub(crate) fn sample_block(
         });
     }
     Ok(block)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The tail below `DRAFT_TAIL / |vocabulary|` goes, the rest keeps its proportions and
-    /// sums to 1.
-    #[test]
-    fn trimming_drops_the_tail_and_renormalises() {
-        let vocab = 1000;
-        let floor = DRAFT_TAIL / vocab as f32;
-        let mut probs = vec![0.5, 0.3, 0.15, floor * 0.9, floor * 1.1];
-        let rest = 1.0 - probs.iter().sum::<f32>();
-        probs.push(rest);
-        let dist = SparseDist {
-            ids: vec![7, 3, 9, 4, 1, 8],
-            probs,
-        };
-        let t = trim(dist.clone(), vocab);
-        assert_eq!(t.ids, vec![7, 3, 9, 1, 8]);
-        assert!((t.probs.iter().sum::<f32>() - 1.0).abs() < 1e-6);
-        let scale = t.probs[0] / dist.probs[0];
-        assert!((t.probs[1] / dist.probs[1] - scale).abs() < 1e-5);
-        assert!(scale > 1.0 && scale < 1.0 + 2.0 * floor);
-    }
 }
