@@ -22,19 +22,29 @@ Under ``shared/gemma/tests/fixtures/gemma4/``:
   6 steps from two anchors (positions 11 and 6 of the prompt, donor K/V and last hidden from
   the target forward over the prompt): tokens, the winning logit and the post-projected
   hidden state of every step.
+* ``golden_dists.json`` (from the checkpoints on disk, so that it can be made again without
+  touching them: ``--dists-only``): for each assistant and anchor, the head's full logits
+  at every draft step, teacher-forced by the greedy drafts of ``golden.json``, and the
+  distribution transformers' sampling warpers (temperature, then top-k, then top-p, as
+  ``generate`` orders them, then softmax) make of them under a few sampling settings: the
+  ids of non-zero probability and their probabilities. The centroid head's logits are
+  transformers' scattered row: candidates scored, every other id at the candidates'
+  minimum minus 1 (not -inf, so they keep some probability).
 
 All in float32, eager attention, on CPU. Nothing of tandem's Rust code is involved.
 
 How to run
 ----------
     python3 -m venv venv-ref && venv-ref/bin/pip install torch transformers
-    venv-ref/bin/python scripts/golden/gemma4_transformers.py
+    venv-ref/bin/python scripts/golden/gemma4_transformers.py               # everything
+    venv-ref/bin/python scripts/golden/gemma4_transformers.py --dists-only  # golden_dists.json
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -44,6 +54,10 @@ from transformers import (
     Gemma4AssistantForCausalLM,
     Gemma4ForCausalLM,
     Gemma4TextConfig,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,6 +66,14 @@ PROMPT = [2, 17, 200, 45, 99, 3, 128, 77, 250, 5, 61, 143]
 N_GREEDY = 8
 N_DRAFT = 6
 ANCHORS = [11, 6]
+ASSISTANTS = ["assistant_centroids", "assistant_dense", "assistant_tie"]
+# Sampling settings of golden_dists.json. Top-k stays below the centroid head's 64
+# candidates, so that no boundary falls among the equal logits of the other ids.
+SETTINGS = [
+    {"temperature": 1.0, "top_k": None, "top_p": 1.0},
+    {"temperature": 0.7, "top_k": 20, "top_p": 1.0},
+    {"temperature": 0.7, "top_k": 20, "top_p": 0.9},
+]
 LAYER_TYPES = ["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"]
 
 
@@ -125,10 +147,14 @@ def top2_margin(logits: torch.Tensor) -> float:
     return float(top[0] - top[1])
 
 
-def run_target(model: Gemma4ForCausalLM) -> tuple[dict, object]:
-    ids = torch.tensor([PROMPT])
+def prompt_forward(model: Gemma4ForCausalLM):
     with torch.no_grad():
-        out = model(ids, output_hidden_states=True, return_shared_kv_states=True, use_cache=False)
+        return model(torch.tensor([PROMPT]), output_hidden_states=True, return_shared_kv_states=True, use_cache=False)
+
+
+def run_target(model: Gemma4ForCausalLM) -> tuple[dict, object]:
+    out = prompt_forward(model)
+    with torch.no_grad():
         seq, greedy, margins = list(PROMPT), [], []
         for _ in range(N_GREEDY):
             # output_hidden_states keeps transformers 5.24 off a KV-sharing shortcut that
@@ -150,16 +176,17 @@ def run_target(model: Gemma4ForCausalLM) -> tuple[dict, object]:
     return record, out
 
 
-def draft(assistant, target, out, anchor: int) -> dict:
-    """transformers' SinglePositionMultiTokenCandidateGenerator loop, on a prefix."""
+def assistant_steps(assistant, target, out, anchor: int, choose):
+    """transformers' SinglePositionMultiTokenCandidateGenerator loop, on a prefix: yields the
+    logits and the next hidden state of each of N_DRAFT steps; ``choose(step, logits)`` is
+    the token fed to the next step."""
     n = anchor + 1
     kv = {k: (v[0][:, :, :n], v[1][:, :, :n]) for k, v in out.shared_kv_states.items()}
     hidden = out.hidden_states[-1][:, anchor : anchor + 1]
     token = torch.tensor([[PROMPT[anchor]]])
     position = torch.tensor([[anchor]])
-    tokens, winners, hiddens = [], [], []
     with torch.no_grad():
-        for _ in range(N_DRAFT):
+        for step in range(N_DRAFT):
             emb = target.get_input_embeddings()(token)
             res = assistant(
                 inputs_embeds=torch.cat([emb, hidden], dim=-1),
@@ -169,11 +196,19 @@ def draft(assistant, target, out, anchor: int) -> dict:
                 use_cache=False,
             )
             logits = res.logits[0, -1]
-            token = logits.argmax(dim=-1).view(1, 1)
+            token = torch.tensor([[choose(step, logits)]])
             hidden = res.last_hidden_state
-            tokens.append(int(token))
-            winners.append(float(logits.max()))
-            hiddens.append(hidden[0, 0].tolist())
+            yield logits, hidden[0, 0]
+
+
+def draft(assistant, target, out, anchor: int) -> dict:
+    """Greedy drafts: the argmax is fed to the next step, as transformers does."""
+    tokens, winners, hiddens = [], [], []
+    argmax = lambda _, logits: int(logits.argmax(dim=-1))
+    for logits, hidden in assistant_steps(assistant, target, out, anchor, argmax):
+        tokens.append(int(logits.argmax(dim=-1)))
+        winners.append(float(logits.max()))
+        hiddens.append(hidden.tolist())
     return {"anchor": anchor, "tokens": tokens, "winning_logits": winners, "next_hidden": hiddens}
 
 
@@ -214,6 +249,73 @@ def make_tie(assistant, target, out) -> tuple[int, int]:
     return first, lower[0]
 
 
+def f32(x: float) -> float:
+    """Nine significant digits: enough to read back the same float32."""
+    return float(f"{x:.9g}")
+
+
+def processed(logits: torch.Tensor, setting: dict) -> dict:
+    """The distribution transformers samples from under ``setting``: its warpers in
+    ``generate``'s order, then softmax; the ids of non-zero probability."""
+    warpers = LogitsProcessorList()
+    if setting["temperature"] != 1.0:
+        warpers.append(TemperatureLogitsWarper(setting["temperature"]))
+    if setting["top_k"] is not None:
+        warpers.append(TopKLogitsWarper(setting["top_k"]))
+    if setting["top_p"] < 1.0:
+        warpers.append(TopPLogitsWarper(setting["top_p"]))
+    probs = warpers(torch.tensor([PROMPT]), logits[None].clone())[0].softmax(dim=-1)
+    ids = torch.nonzero(probs).flatten()
+    if setting["top_p"] < 1.0:
+        # The kept mass must clear top-p with a margin: no boundary decided by rounding.
+        before = LogitsProcessorList(warpers[:-1])(torch.tensor([PROMPT]), logits[None].clone())
+        kept = before[0].softmax(dim=-1)[ids]
+        top_p, mass, spare = setting["top_p"], float(kept.sum()), float(kept.sum() - kept.min())
+        assert spare < top_p - 1e-4 and mass > top_p + 1e-4, f"top-p boundary too close: {spare}, {mass}"
+    return {"ids": ids.tolist(), "probs": [f32(p) for p in probs[ids].tolist()]}
+
+
+def assistant_dists(assistant, target, out, drafts: list[dict]) -> list[dict]:
+    """Per anchor, the logits of every step fed the golden greedy tokens, and their
+    distributions under SETTINGS."""
+    cases = []
+    for d in drafts:
+        forced = lambda step, _, tokens=d["tokens"]: tokens[step]
+        logits = [l for l, _ in assistant_steps(assistant, target, out, d["anchor"], forced)]
+        assert [int(l.argmax()) for l in logits] == d["tokens"], "not the golden greedy drafts"
+        cases.append({
+            "anchor": d["anchor"],
+            "tokens": d["tokens"],
+            "logits": [[f32(x) for x in l.tolist()] for l in logits],
+            "dists": [[processed(l, s) for l in logits] for s in SETTINGS],
+        })
+    return cases
+
+
+def write_dists() -> None:
+    """golden_dists.json from the checkpoints and greedy drafts already in OUT."""
+    golden = json.loads((OUT / "golden.json").read_text())
+    load = dict(attn_implementation="eager", dtype=torch.float32)
+    target = Gemma4ForCausalLM.from_pretrained(OUT / "target_ple", **load).eval()
+    out = prompt_forward(target)
+    record = {"generator": generator(), "settings": SETTINGS, "assistants": {}}
+    for name in ASSISTANTS:
+        assistant = Gemma4AssistantForCausalLM.from_pretrained(OUT / name, **load).eval()
+        drafts = golden["assistants"][name]["drafts"]
+        record["assistants"][name] = assistant_dists(assistant, target, out, drafts)
+    (OUT / "golden_dists.json").write_text(json.dumps(record, separators=(",", ":")) + "\n")
+    print(f"wrote {OUT / 'golden_dists.json'}")
+
+
+def generator() -> dict:
+    return {
+        "script": "scripts/golden/gemma4_transformers.py",
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "dtype": "float32",
+    }
+
+
 def save(model, name: str) -> Path:
     path = OUT / name
     shutil.rmtree(path, ignore_errors=True)
@@ -224,14 +326,12 @@ def save(model, name: str) -> Path:
 
 def main() -> None:
     torch.set_num_threads(2)
+    if sys.argv[1:] == ["--dists-only"]:
+        write_dists()
+        return
     OUT.mkdir(parents=True, exist_ok=True)
     golden = {
-        "generator": {
-            "script": "scripts/golden/gemma4_transformers.py",
-            "transformers": transformers.__version__,
-            "torch": torch.__version__,
-            "dtype": "float32",
-        },
+        "generator": generator(),
         "targets": {},
         "assistants": {},
     }
@@ -258,6 +358,7 @@ def main() -> None:
     (OUT / "golden.json").write_text(json.dumps(golden, indent=1) + "\n")
     size = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
     print(f"wrote {OUT} ({size / 1e6:.2f} MB)")
+    write_dists()
 
 
 if __name__ == "__main__":

@@ -6,13 +6,20 @@
 //! assistant's recurrence: the anchor at its position, the hidden state of the position
 //! before it, every donor position before it (transformers' generation loop).
 //!
-//! Drafting is greedy: each block carries point masses, also for sampled requests, which
-//! keeps rejection sampling exact (a token drawn from a point mass is accepted with
-//! probability p(token)) but accepts less than sampling from the assistant would.
+//! Each drafted token is fed to the next step, as in transformers' loop, and chosen as the
+//! request samples: greedy requests draft the greedy token and send point masses; sampled
+//! requests draw each token from the distribution the request's temperature, top-k and
+//! top-p make of the assistant's logits at that step (the centroid head's logits are
+//! transformers' row: candidates scored, every other id at their lowest logit minus 1) and
+//! send that exact distribution, so rejection sampling stays lossless. A session's draws
+//! come from its own stream, seeded by the request seed XOR [`DRAFT_SEED_MIX`]. Each
+//! token's confidence is the assistant's probability of it (greedy: at temperature 1),
+//! uncalibrated.
 
+mod choice;
 mod error;
 mod proposer;
 mod session;
 
 pub use error::AssistantError;
-pub use proposer::{AssistantOptions, AssistantProposer};
+pub use proposer::{AssistantOptions, AssistantProposer, DRAFT_SEED_MIX};

@@ -6,13 +6,17 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tandem_core::{
-    PartSpec, ProposeError, Proposer, ProposerSession, SamplingParams, SnapshotPart, SnapshotSpec,
+    PartSpec, ProposeError, Proposer, ProposerSession, Sampler, SamplingParams, SnapshotPart,
+    SnapshotSpec,
 };
 use tandem_gemma::gemma4::{AssistantConfig, Gemma4Assistant, Gemma4Config, Gemma4Embedding};
 use tandem_gemma::TargetIdentity;
 
 use crate::error::AssistantError;
 use crate::session::AssistantSession;
+
+/// XORed into the request seed, so that a session's draws are not the verifier's.
+pub const DRAFT_SEED_MIX: u64 = 0xA55_1574_D7AF_7E44;
 
 /// Settings of an [`AssistantProposer`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,7 +204,17 @@ impl Proposer for AssistantProposer {
         self.shared.max_gamma
     }
 
-    fn open(&self, _: &SamplingParams) -> Result<Box<dyn ProposerSession>, ProposeError> {
-        Ok(Box::new(AssistantSession::new(Arc::clone(&self.shared))))
+    /// A session drafting with `sampling`, its random stream seeded from
+    /// `sampling.seed ^` [`DRAFT_SEED_MIX`], not the verifier's.
+    fn open(&self, sampling: &SamplingParams) -> Result<Box<dyn ProposerSession>, ProposeError> {
+        let params = SamplingParams {
+            seed: sampling.seed ^ DRAFT_SEED_MIX,
+            ..*sampling
+        };
+        let sampler = Sampler::new(params).map_err(|e| ProposeError::Invalid(e.to_string()))?;
+        Ok(Box::new(AssistantSession::new(
+            Arc::clone(&self.shared),
+            sampler,
+        )))
     }
 }

@@ -1,12 +1,16 @@
 //! One generation's mirror of the target: the donor keys and values of every committed
 //! position (sliding and full donor layer) and the last committed position's hidden state,
-//! appended in order from snapshot rows; `propose` drafts from them.
+//! appended in order from snapshot rows; `propose` drafts from them, each token chosen by
+//! [`crate::choice`] with the session's own seeded sampler.
 
 use std::sync::Arc;
 
-use tandem_core::{DraftBlock, ProposeError, ProposeRequest, ProposerSession, SnapshotRows};
+use tandem_core::{
+    DraftBlock, DraftSource, ProposeError, ProposeRequest, ProposerSession, Sampler, SnapshotRows,
+};
 use tandem_gemma::gemma4::{DonorKv, Donors, DraftRow};
 
+use crate::choice::{choose, Choice};
 use crate::proposer::{DonorLayer, Shared};
 
 /// Keys and values of one donor layer, `len × width` each.
@@ -34,6 +38,8 @@ pub(crate) struct AssistantSession {
     mirrors: [Mirror; 2],
     last_hidden: Vec<f32>,
     len: usize,
+    /// The request's sampling parameters, with a seed of the session's own.
+    sampler: Sampler,
 }
 
 fn invalid<T>(msg: String) -> Result<T, ProposeError> {
@@ -41,12 +47,13 @@ fn invalid<T>(msg: String) -> Result<T, ProposeError> {
 }
 
 impl AssistantSession {
-    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, sampler: Sampler) -> Self {
         Self {
             shared,
             mirrors: [Mirror::default(), Mirror::default()],
             last_hidden: Vec::new(),
             len: 0,
+            sampler,
         }
     }
 
@@ -108,15 +115,22 @@ impl ProposerSession for AssistantSession {
                 full: self.mirrors[1].view(full),
             },
         };
-        let drafts = sh
-            .model
-            .draft(&sh.embedding, &[row], req.gamma)
+        let mut chosen: Vec<Choice> = Vec::with_capacity(req.gamma);
+        let sampler = &mut self.sampler;
+        sh.model
+            .draft_with(&sh.embedding, &[row], req.gamma, |_, logits| {
+                let choice = choose(sampler, logits);
+                let token = choice.token;
+                chosen.push(choice);
+                token
+            })
             .map_err(|e| ProposeError::Unavailable(format!("assistant: {e}")))?;
-        let tokens = drafts
-            .into_iter()
-            .next()
-            .map(|d| d.tokens)
-            .unwrap_or_default();
-        Ok(DraftBlock::point_masses(tokens, 1.0))
+        Ok(DraftBlock {
+            tokens: chosen.iter().map(|c| c.token).collect(),
+            confidences: chosen.iter().map(|c| c.confidence).collect(),
+            dists: chosen.into_iter().map(|c| c.dist).collect(),
+            source: DraftSource::Model,
+            calibrated: false,
+        })
     }
 }

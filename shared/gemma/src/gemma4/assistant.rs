@@ -7,11 +7,14 @@
 //! then a few Gemma 4 layers whose attention is query-only over the target's donor keys
 //! and values (the last non-shared sliding layer for sliding layers, the last full one for
 //! full layers) at the row's fixed position, the final norm, the head, and
-//! `post_projection(h)` as the next step's "target hidden". A row's donors hold either the
-//! row's position itself (the token was already run by the target) or only the positions
-//! before it (speculative decoding: the anchor is not yet run, and the hidden is that of the
-//! position before it, as in transformers' generation loop); queries attend to every donor
-//! position up to the row's. Sliding layers see donor positions `kv` with
+//! `post_projection(h)` as the next step's "target hidden". The head's logits (transformers'
+//! row, see [`super::draft_head`]) go to a caller's choice of the step's token, which is the
+//! next step's input: [`Gemma4Assistant::draft`] takes the greedy token, as transformers'
+//! loop does, and [`Gemma4Assistant::draft_with`] lets the caller sample. A row's donors
+//! hold either the row's position itself (the token was already run by the target) or only
+//! the positions before it (speculative decoding: the anchor is not yet run, and the hidden
+//! is that of the position before it, as in transformers' generation loop); queries attend
+//! to every donor position up to the row's. Sliding layers see donor positions `kv` with
 //! `position - kv <= sliding_window`: transformers' assistant mask is
 //! `|position - kv| <= sliding_window` (the MLX drafter uses `sliding_window`).
 
@@ -22,7 +25,7 @@ use tandem_kernels::QMatrix;
 use super::block::{linear, FeedForward, Query, Weights};
 use super::cache::{DonorKv, Donors};
 use super::config::{AssistantConfig, LayerSpec};
-use super::draft_head::{DraftHead, Pick};
+use super::draft_head::{greedy_token, DraftHead};
 use super::model::Gemma4Embedding;
 use crate::attention::{attend, AttnSpec};
 use crate::error::{GemmaError, Result};
@@ -109,17 +112,31 @@ impl Gemma4Assistant {
         &self.cfg
     }
 
-    /// Whether the centroid head (rather than the dense tied head) picks tokens.
+    /// Whether the centroid head (rather than the dense tied head) scores tokens.
     pub fn uses_centroids(&self) -> bool {
         self.head.uses_centroids()
     }
 
-    /// Drafts `steps` tokens for every row, all rows in one batch per step.
+    /// Drafts `steps` greedy tokens for every row (the highest logit, ties to the lowest
+    /// id), all rows in one batch per step.
     pub fn draft(
         &self,
         embedding: &Gemma4Embedding,
         rows: &[DraftRow<'_>],
         steps: usize,
+    ) -> Result<Vec<Draft>> {
+        self.draft_with(embedding, rows, steps, |_, logits| greedy_token(logits))
+    }
+
+    /// Drafts `steps` tokens for every row, all rows in one batch per step: at each step,
+    /// `choose(row, logits)` picks row `row`'s token from the head's `vocab_size` logits, and
+    /// that token is the row's next input. A token outside the vocabulary is an error.
+    pub fn draft_with(
+        &self,
+        embedding: &Gemma4Embedding,
+        rows: &[DraftRow<'_>],
+        steps: usize,
+        mut choose: impl FnMut(usize, &[f32]) -> u32,
     ) -> Result<Vec<Draft>> {
         self.check(embedding, rows)?;
         let bb = self.cfg.backbone_hidden_size;
@@ -136,13 +153,17 @@ impl Gemma4Assistant {
                 embedding.embed_into(*t, &mut input[..bb])?;
                 input[bb..].copy_from_slice(h);
             }
-            let (picks, next) = self.step(&x, rows)?;
-            for ((d, p), h) in drafts.iter_mut().zip(&picks).zip(next.chunks(bb)) {
-                d.tokens.push(p.token);
-                d.logits.push(p.logit);
+            let (logits, next) = self.step(&x, rows)?;
+            for (r, (d, h)) in drafts.iter_mut().zip(next.chunks(bb)).enumerate() {
+                let token = choose(r, &logits[r]);
+                let logit = logits[r].get(token as usize).ok_or_else(|| {
+                    GemmaError::Request(format!("row {r}: token {token} is outside the vocabulary"))
+                })?;
+                d.tokens.push(token);
+                d.logits.push(*logit);
                 d.next_hidden.push(h.to_vec());
+                tokens[r] = token;
             }
-            tokens = picks.iter().map(|p| p.token).collect();
             hidden = next;
         }
         Ok(drafts)
@@ -178,8 +199,9 @@ impl Gemma4Assistant {
         }
     }
 
-    /// One step: inputs `x` are `rows × 2*backbone`; returns picks and next hiddens.
-    fn step(&self, x: &[f32], rows: &[DraftRow<'_>]) -> Result<(Vec<Pick>, Vec<f32>)> {
+    /// One step: inputs `x` are `rows × 2*backbone`; returns each row's logits and the
+    /// next hiddens.
+    fn step(&self, x: &[f32], rows: &[DraftRow<'_>]) -> Result<(Vec<Vec<f32>>, Vec<f32>)> {
         let t = &self.cfg.text;
         let (b, eps) = (rows.len(), t.rms_norm_eps as f32);
         let positions: Vec<usize> = rows.iter().map(|r| r.position).collect();
@@ -193,11 +215,11 @@ impl Gemma4Assistant {
             l.ffn.scale(&mut h);
         }
         let normed = rms_norm(&h, &self.final_norm, eps);
-        let picks = normed
+        let logits = normed
             .chunks_exact(t.hidden_size)
-            .map(|row| self.head.pick(row))
+            .map(|row| self.head.logits(row))
             .collect::<Result<Vec<_>>>()?;
-        Ok((picks, linear(&self.post, &normed, b)?))
+        Ok((logits, linear(&self.post, &normed, b)?))
     }
 
     fn attend(&self, l: &Layer, q: &[f32], rows: &[DraftRow<'_>]) -> Vec<f32> {

@@ -1,13 +1,14 @@
 //! The assistant drafter's output heads (transformers' `Gemma4AssistantMaskedEmbedder` and
-//! the tied `lm_head` of `Gemma4AssistantForCausalLM`): greedy token choice only.
+//! the tied `lm_head` of `Gemma4AssistantForCausalLM`): a vocabulary-sized row of logits
+//! per step, exactly the row transformers returns, and the greedy choice from it.
 //!
-//! The centroid head scores `num_centroids` centroids, keeps the top
-//! `centroid_intermediate_top_k` (ties to the lower centroid index), and scores only the
-//! tokens `token_ordering` assigns to them against the tied embedding. transformers then
-//! scatters those scores into a vocabulary-sized row filled below their minimum and takes
-//! the argmax, so the winner is the best candidate with ties going to the lowest token id;
-//! this applies that rule to the candidates directly, without the vocabulary-sized row. The
-//! dense head scores the whole vocabulary, ties again to the lowest id.
+//! The dense head scores the whole vocabulary against the tied embedding. The centroid head
+//! scores `num_centroids` centroids, keeps the top `centroid_intermediate_top_k` (ties to
+//! the lower centroid index), and scores only the tokens `token_ordering` assigns to them
+//! against the tied embedding; as transformers does, every other id gets the candidates'
+//! lowest logit minus 1 (not -inf: at temperature 1 they share some probability, which
+//! transformers' `_speculative_sampling` counts too). The greedy token is the highest logit,
+//! ties to the lowest id, which with that fill is always a candidate.
 
 use tandem_kernels::QMatrix;
 
@@ -27,19 +28,11 @@ struct Centroids {
     top_k: usize,
 }
 
-/// A drafted token and its logit.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Pick {
-    /// Token id.
-    pub token: u32,
-    /// Its logit (`embedding[token] · h`).
-    pub logit: f32,
-}
-
-/// Token choice from the assistant's final hidden state.
+/// Logits from the assistant's final hidden state.
 pub(crate) struct DraftHead {
     embed: QMatrix,
     centroids: Option<Centroids>,
+    vocab: usize,
 }
 
 impl DraftHead {
@@ -53,7 +46,11 @@ impl DraftHead {
             true => Some(Self::centroids(w, cfg)?),
             false => None,
         };
-        Ok(Self { embed, centroids })
+        Ok(Self {
+            embed,
+            centroids,
+            vocab: v,
+        })
     }
 
     fn centroids(w: &Weights, cfg: &AssistantConfig) -> Result<Centroids> {
@@ -85,18 +82,17 @@ impl DraftHead {
         self.centroids.is_some()
     }
 
-    /// The greedy token of one normed hidden row.
-    pub(crate) fn pick(&self, h: &[f32]) -> Result<Pick> {
+    /// transformers' logits of one normed hidden row: `vocab_size` of them.
+    pub(crate) fn logits(&self, h: &[f32]) -> Result<Vec<f32>> {
         match &self.centroids {
-            Some(c) => self.pick_centroids(c, h),
-            None => {
-                let logits = linear(&self.embed, h, 1)?;
-                Ok(best((0..logits.len() as u32).zip(logits)))
-            }
+            Some(c) => self.scattered(c, h),
+            None => linear(&self.embed, h, 1),
         }
     }
 
-    fn pick_centroids(&self, c: &Centroids, h: &[f32]) -> Result<Pick> {
+    /// The candidates' logits at their ids, every other id at the lowest of them minus 1
+    /// (computed as transformers does: `min().item() - 1.0` in f64, stored as f32).
+    fn scattered(&self, c: &Centroids, h: &[f32]) -> Result<Vec<f32>> {
         let scores = linear(&c.weights, h, 1)?;
         let mut order: Vec<usize> = (0..scores.len()).collect();
         let by_score = |a: &usize, b: &usize| scores[*b].total_cmp(&scores[*a]).then(a.cmp(b));
@@ -109,22 +105,25 @@ impl DraftHead {
                 candidates.push((t, dot(&row, h)));
             }
         }
-        Ok(best(candidates.into_iter()))
+        let min = candidates.iter().fold(f32::INFINITY, |m, c| m.min(c.1));
+        let mut logits = vec![(f64::from(min) - 1.0) as f32; self.vocab];
+        for (t, logit) in candidates {
+            logits[t as usize] = logit;
+        }
+        Ok(logits)
     }
 }
 
-/// The highest logit, ties to the lowest token id. NaN never wins.
-fn best(scored: impl Iterator<Item = (u32, f32)>) -> Pick {
-    let mut top = Pick {
-        token: u32::MAX,
-        logit: f32::NEG_INFINITY,
-    };
-    for (token, logit) in scored {
-        if logit > top.logit || (logit == top.logit && token < top.token) {
-            top = Pick { token, logit };
+/// The greedy token of a row of logits: the highest, ties to the lowest id; NaN never
+/// wins (`u32::MAX` when nothing else is there).
+pub fn greedy_token(logits: &[f32]) -> u32 {
+    let mut top = (u32::MAX, f32::NEG_INFINITY);
+    for (token, &logit) in (0u32..).zip(logits) {
+        if logit > top.1 || (logit == top.1 && token < top.0) {
+            top = (token, logit);
         }
     }
-    top
+    top.0
 }
 
 #[cfg(test)]
@@ -132,9 +131,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ties_go_to_the_lowest_id_in_any_order() {
-        let scored = [(9, 1.0), (4, 2.0), (7, 2.0), (2, -1.0), (5, f32::NAN)];
-        assert_eq!(best(scored.into_iter()).token, 4);
-        assert_eq!(best(scored.into_iter().rev()).token, 4);
+    fn ties_go_to_the_lowest_id_and_nan_never_wins() {
+        assert_eq!(greedy_token(&[f32::NAN, 1.0, 2.0, -1.0, 2.0]), 2);
+        assert_eq!(greedy_token(&[f32::NEG_INFINITY, f32::NEG_INFINITY]), 0);
+        assert_eq!(greedy_token(&[f32::NAN]), u32::MAX);
     }
 }
