@@ -55,9 +55,12 @@ pub struct AbArgs {
     /// Let each round choose its draft length up to `--gamma`.
     #[arg(long)]
     adaptive_gamma: bool,
-    /// How sampled rounds verify drafts: `block` or `token`.
+    /// How arm A's sampled rounds verify drafts: `block` or `token`.
     #[arg(long, default_value = "block")]
-    verification: Verification,
+    a_verification: Verification,
+    /// How arm B's sampled rounds verify drafts: `block` or `token`.
+    #[arg(long, default_value = "block")]
+    b_verification: Verification,
     /// Verify whole blocks even where calibrated confidences say a tail does not pay
     /// (cuts apply only with an adaptive γ and a calibrated drafter).
     #[arg(long)]
@@ -131,10 +134,16 @@ struct AbReport {
     pairs: Vec<Pair>,
 }
 
-/// The two proposers, A first.
+/// One arm: its proposer and how its sampled rounds verify.
+struct Arm {
+    proposer: std::sync::Arc<dyn Proposer>,
+    verification: Verification,
+}
+
+/// The two arms, A first.
 struct Arms {
-    a: std::sync::Arc<dyn Proposer>,
-    b: std::sync::Arc<dyn Proposer>,
+    a: Arm,
+    b: Arm,
 }
 
 pub fn run(args: AbArgs) -> Result<()> {
@@ -164,8 +173,16 @@ pub fn run(args: AbArgs) -> Result<()> {
         })
         .collect();
     let report = AbReport {
-        drafter_a: arm_name(&args.a, args.a_no_lookup),
-        drafter_b: arm_name(&args.b, args.b_no_lookup),
+        drafter_a: arm_name(
+            &args.a,
+            [args.a_no_lookup, args.a_no_calibration],
+            args.a_verification,
+        ),
+        drafter_b: arm_name(
+            &args.b,
+            [args.b_no_lookup, args.b_no_calibration],
+            args.b_verification,
+        ),
         backend: args.models.backend(),
         prompts_file: args.prompts_file.clone(),
         prompts: prompts.len(),
@@ -204,11 +221,19 @@ fn validate(a: &AbArgs) -> Result<prompt_sets::PromptSet> {
 }
 
 /// How an arm is named in the report.
-fn arm_name(drafter: &str, no_lookup: bool) -> String {
-    match no_lookup {
-        true => format!("{drafter} (no lookup)"),
-        false => drafter.to_string(),
-    }
+/// The drafter's name with what its arm switched off (`[no lookup, no calibration]`) and
+/// its verification rule.
+fn arm_name(drafter: &str, off: [bool; 2], verification: Verification) -> String {
+    let mut notes: Vec<&str> = ["no lookup", "raw confidences"]
+        .into_iter()
+        .zip(off)
+        .filter_map(|(note, on)| on.then_some(note))
+        .collect();
+    notes.push(match verification {
+        Verification::Block => "block verification",
+        Verification::Token => "token-wise verification",
+    });
+    format!("{drafter} ({})", notes.join(", "))
 }
 
 fn sampling(a: &AbArgs, repeat: usize) -> SamplingParams {
@@ -235,8 +260,14 @@ fn load_arms(engine: &Engine, a: &AbArgs) -> Result<Arms> {
         Ok(p)
     };
     Ok(Arms {
-        a: load(&a.a, a.a_no_lookup, a.a_no_calibration)?,
-        b: load(&a.b, a.b_no_lookup, a.b_no_calibration)?,
+        a: Arm {
+            proposer: load(&a.a, a.a_no_lookup, a.a_no_calibration)?,
+            verification: a.a_verification,
+        },
+        b: Arm {
+            proposer: load(&a.b, a.b_no_lookup, a.b_no_calibration)?,
+            verification: a.b_verification,
+        },
     })
 }
 
@@ -248,28 +279,36 @@ fn run_pairs(
     prompts: &[Vec<u32>],
     a: &AbArgs,
 ) -> Result<(Vec<PromptRun>, Vec<PromptRun>)> {
-    let decode = |repeat| Decode {
+    let decode = |repeat, arm: &Arm| Decode {
         max_tokens: a.max_tokens,
         sampling: sampling(a, repeat),
         gamma: a.gamma,
         adaptive_gamma: a.adaptive_gamma,
-        verification: a.verification,
+        verification: arm.verification,
         confidence_cuts: !a.no_confidence_cuts,
     };
-    for p in [&arms.a, &arms.b] {
-        decode_local(engine, Some(p.as_ref()), &decode(0), &prompts[0])?;
+    for arm in [&arms.a, &arms.b] {
+        decode_local(
+            engine,
+            Some(arm.proposer.as_ref()),
+            &decode(0, arm),
+            &prompts[0],
+        )?;
     }
     let mut runs = vec![(PromptRun::default(), PromptRun::default()); prompts.len()];
     for repeat in 0..a.repeats {
         for (i, prompt) in prompts.iter().enumerate() {
-            let d = decode(repeat);
             let (run_a, run_b) = &mut runs[i];
             let mut order = [(&arms.a, run_a), (&arms.b, run_b)];
             if (i + repeat) % 2 == 1 {
                 order.reverse();
             }
-            for (p, run) in order {
-                add(run, &decode_local(engine, Some(p.as_ref()), &d, prompt)?);
+            for (arm, run) in order {
+                let d = decode(repeat, arm);
+                add(
+                    run,
+                    &decode_local(engine, Some(arm.proposer.as_ref()), &d, prompt)?,
+                );
             }
         }
     }

@@ -2,36 +2,11 @@
 //! scripts/fetch-models.sh): generation streams text and reports speed; bad input gives one
 //! clear line and a non-zero exit, never a panic.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn models_dir() -> PathBuf {
-    std::env::var_os("TANDEM_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tandem/models")
-        })
-}
+use std::process::Output;
 
-fn tandem(args: &[&str]) -> Output {
-    let dir = models_dir();
-    assert!(
-        dir.join("gemma-3-270m/gemma-3-270m-q4_k_m.gguf").is_file(),
-        "models missing under {}: run scripts/fetch-models.sh first",
-        dir.display()
-    );
-    Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(args)
-        .env("TANDEM_MODELS_DIR", &dir)
-        .env_remove("TANDEM_MODEL")
-        .env_remove("TANDEM_TOKENIZER")
-        .output()
-        .expect("run tandem")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::{assert_one_line_error, stderr, tandem};
 
 /// `tandem generate` of 12 tokens after "1, 2, 3," with `extra` flags: it must succeed and
 /// continue the count; returns the run for further checks.
@@ -322,17 +297,6 @@ fn sampling_is_reproducible_with_a_seed() {
     assert!(a.status.success(), "{}", stderr(&a));
     assert_eq!(a.stdout, b.stdout);
     assert!(!a.stdout.is_empty());
-}
-
-fn assert_one_line_error(out: &Output, needle: &str) {
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(out));
-    let err = stderr(out);
-    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
-    assert!(
-        err.starts_with("tandem: error:") && err.contains(needle),
-        "{err}"
-    );
-    assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]

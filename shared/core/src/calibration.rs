@@ -245,7 +245,7 @@ pub fn ece(pairs: impl IntoIterator<Item = (f32, bool)>, bins: usize) -> f64 {
     (0..bins)
         .filter(|b| n[*b] > 0.0)
         .map(|b| (sum_a[b] - sum_c[b]).abs() / total.max(1.0))
-        .sum()
+        .fold(0.0, |acc, x| acc + x)
 }
 
 /// Mean squared error of the calibrated confidences of `obs`.

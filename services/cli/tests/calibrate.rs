@@ -1,0 +1,119 @@
+//! `tandem calibrate` end to end on the real Gemma 3 270M and a copy of the shipped drafter:
+//! it fits on half of the calibration prompts, lowers the expected calibration error of the
+//! other half, saves the calibration beside the drafter (named in its manifest) and draws
+//! the reliability diagram; the drafter then drafts with it, and a calibration of another
+//! version is refused with one clear line.
+
+mod common;
+
+use std::path::Path;
+
+use common::{assert_one_line_error, stderr, tandem};
+
+/// Copies the shipped drafter's files into `to`.
+fn copy_shipped(to: &Path) {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../drafters/gemma-3-270m-dspark");
+    for e in std::fs::read_dir(&from).expect("shipped drafter") {
+        let e = e.expect("entry");
+        if e.path().is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name())).expect("copy");
+        }
+    }
+    std::fs::remove_file(to.join("calibration.json")).ok();
+}
+
+/// The held-out expected calibration error of the model's tokens in `report` before and
+/// after, weighted by each position's held-out count, per regime.
+fn weighted_ece(report: &serde_json::Value) -> Vec<(f64, f64, f64)> {
+    let sources = report["sources"].as_array().expect("sources");
+    sources
+        .iter()
+        .filter(|s| s["source"] == "model")
+        .map(|s| {
+            let (mut before, mut after, mut n) = (0.0, 0.0, 0.0);
+            for p in s["positions"].as_array().expect("positions") {
+                let w = p["held_out"].as_f64().expect("count");
+                before += w * p["ece_before"].as_f64().expect("ece");
+                after += w * p["ece_after"].as_f64().expect("ece");
+                n += w;
+            }
+            (s["temperature"].as_f64().expect("T"), before / n, after / n)
+        })
+        .collect()
+}
+
+#[test]
+fn calibration_lowers_held_out_error_and_is_used_by_the_drafter() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("drafter");
+    std::fs::create_dir(&dir).expect("dir");
+    copy_shipped(&dir);
+    let (d, json, png) = (
+        dir.to_str().expect("utf-8"),
+        tmp.path().join("report.json"),
+        tmp.path().join("reliability.png"),
+    );
+    let prompts = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../drafters/eval/calibration.json"
+    );
+    let out = tandem(&[
+        "calibrate",
+        "--drafter",
+        d,
+        "--prompts",
+        prompts,
+        "--prompts-per-file",
+        "12",
+        "--max-tokens",
+        "48",
+        "--temperatures",
+        "0,0.7",
+        "--json",
+        json.to_str().expect("utf-8"),
+        "--png",
+        png.to_str().expect("utf-8"),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("report")).expect("json");
+    let regimes = weighted_ece(&report);
+    assert_eq!(regimes.len(), 2, "{report}");
+    for (t, before, after) in regimes {
+        assert!(after < before, "T {t}: held-out ECE {before} → {after}");
+    }
+    let manifest = std::fs::read_to_string(dir.join("dspark.json")).expect("manifest");
+    let manifest: serde_json::Value = serde_json::from_str(&manifest).expect("json");
+    assert_eq!(manifest["calibration"]["file"], "calibration.json");
+    assert!(dir.join("calibration.json").is_file());
+    let png_bytes = std::fs::read(&png).expect("png");
+    assert!(png_bytes.starts_with(b"\x89PNG"), "not a PNG");
+    let generate = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--prompt",
+            "User: What is a good name for a cat?\nAssistant:",
+            "--max-tokens",
+            "24",
+            "--speculative",
+            "--adaptive-gamma",
+            "--drafter",
+            d,
+        ];
+        args.extend_from_slice(extra);
+        tandem(&args)
+    };
+    for extra in [&["--temperature", "0.7", "--seed", "3"][..], &[][..]] {
+        let out = generate(extra);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("mean acceptance length"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let cal = std::fs::read_to_string(dir.join("calibration.json")).expect("calibration");
+    let stale = cal.replacen("\"version\": 1", "\"version\": 99", 1);
+    std::fs::write(dir.join("calibration.json"), stale).expect("write");
+    assert_one_line_error(&generate(&[]), "run tandem calibrate again");
+}
