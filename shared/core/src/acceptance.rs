@@ -87,21 +87,12 @@ fn residual(p: &SparseDist, q: &SparseDist) -> SparseDist {
 
 /// `norm(max(w·p - q, 0))` and its mass before normalising; `p` itself (and mass 0) when
 /// no mass is left. Linear in the sizes of `p` and `q` (full-vocabulary distributions meet
-/// 32k-token draft ones here): `q` is subtracted where its ids sit in `p`, found directly
-/// when `p` lists every id in order and through an index of `p` otherwise.
+/// 32k-token draft ones here).
 pub(crate) fn weighted_residual(p: &SparseDist, w: f64, q: &SparseDist) -> (SparseDist, f64) {
     let mut mass: Vec<f64> = p.probs.iter().map(|x| w * *x as f64).collect();
-    let in_order = p.ids.iter().enumerate().all(|(i, id)| *id as usize == i);
-    let index: HashMap<u32, usize> = match in_order {
-        true => HashMap::new(),
-        false => p.ids.iter().enumerate().map(|(i, id)| (*id, i)).collect(),
-    };
+    let index = ProbIndex::new(p);
     for (id, qp) in q.ids.iter().zip(&q.probs) {
-        let at = match in_order {
-            true => Some(*id as usize).filter(|i| *i < mass.len()),
-            false => index.get(id).copied(),
-        };
-        if let Some(m) = at.map(|i| &mut mass[i]) {
+        if let Some(m) = index.position(*id).map(|i| &mut mass[i]) {
             *m -= *qp as f64;
         }
     }
@@ -115,6 +106,47 @@ pub(crate) fn weighted_residual(p: &SparseDist, w: f64, q: &SparseDist) -> (Spar
         probs: mass.iter().map(|m| (m / total) as f32).collect(),
     };
     (dist, total)
+}
+
+/// The mass `Σ_x max(w·p(x) - q(x), 0)` of [`weighted_residual`] without building it: `w·Σp`
+/// less `Σ min(w·p(x), q(x))` over `q`'s ids, in `O(|q|)` once `p` is indexed (`p_total`
+/// is `Σp`, summed in f64).
+pub(crate) fn residual_mass(index: &ProbIndex<'_>, p_total: f64, w: f64, q: &SparseDist) -> f64 {
+    let overlap: f64 = q
+        .ids
+        .iter()
+        .zip(&q.probs)
+        .map(|(id, qp)| (w * index.prob(*id)).min(*qp as f64))
+        .sum();
+    (w * p_total - overlap).max(0.0)
+}
+
+/// Where each id of a distribution sits: at its own index when the distribution lists
+/// every id in order (a full-vocabulary row), through a hash index otherwise.
+pub(crate) struct ProbIndex<'a> {
+    p: &'a SparseDist,
+    index: Option<HashMap<u32, usize>>,
+}
+
+impl<'a> ProbIndex<'a> {
+    pub(crate) fn new(p: &'a SparseDist) -> Self {
+        let in_order = p.ids.iter().enumerate().all(|(i, id)| *id as usize == i);
+        let index = (!in_order).then(|| p.ids.iter().enumerate().map(|(i, id)| (*id, i)).collect());
+        Self { p, index }
+    }
+
+    /// The index of `id` in the distribution, if listed.
+    pub(crate) fn position(&self, id: u32) -> Option<usize> {
+        match &self.index {
+            None => Some(id as usize).filter(|i| *i < self.p.ids.len()),
+            Some(index) => index.get(&id).copied(),
+        }
+    }
+
+    /// The probability of `id` (0 when absent).
+    pub(crate) fn prob(&self, id: u32) -> f64 {
+        self.position(id).map_or(0.0, |i| self.p.probs[i] as f64)
+    }
 }
 
 /// How a sampled round judges its draft (greedy rounds keep the prefix that matches the
@@ -141,12 +173,13 @@ impl Verification {
         }
     }
 
-    /// Verifies a sampled draft by this rule (see [`accept_sampled`] for the arguments).
+    /// Verifies a sampled draft by this rule (see [`accept_sampled`] for the arguments;
+    /// block verification builds every position's `p` at once, in parallel).
     pub fn accept(
         self,
         draft: &[u32],
         q: &[SparseDist],
-        p: impl FnMut(usize) -> SparseDist,
+        p: impl Fn(usize) -> SparseDist + Sync,
         rng: &mut Sampler,
     ) -> Verdict {
         match self {
@@ -335,6 +368,27 @@ mod tests {
         assert_eq!(r.ids, shuffled.ids);
         assert_eq!(r.probs, naive_residual(&shuffled, &q));
         assert_eq!(residual(&p, &p), p, "no mass left: p itself");
+    }
+
+    #[test]
+    fn the_residual_mass_over_q_alone_equals_the_full_residual_mass() {
+        let q = SparseDist {
+            ids: vec![3, 1, 9],
+            probs: vec![0.5, 0.3, 0.2],
+        };
+        let ordered = dist(&[0.1, 0.4, 0.2, 0.3]);
+        let shuffled = SparseDist {
+            ids: vec![2, 0, 3, 1],
+            probs: vec![0.2, 0.1, 0.3, 0.4],
+        };
+        for p in [&ordered, &shuffled] {
+            let total: f64 = p.probs.iter().map(|x| *x as f64).sum();
+            for w in [1.0, 0.7, 0.25, 0.0] {
+                let full = weighted_residual(p, w, &q).1;
+                let fast = residual_mass(&ProbIndex::new(p), total, w, &q);
+                assert!((full - fast).abs() < 1e-9, "w {w}: {full} vs {fast}");
+            }
+        }
     }
 
     #[test]

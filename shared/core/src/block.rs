@@ -20,7 +20,9 @@
 //! At `τ = 0` the residual is token-wise's `norm(max(p − q, 0))`. Unlike the token-wise rule,
 //! every position's full target distribution is needed whatever is kept.
 
-use crate::acceptance::{weighted_residual, Verdict};
+use rayon::prelude::*;
+
+use crate::acceptance::{residual_mass, weighted_residual, ProbIndex, Verdict};
 use crate::sampling::{Sampler, SparseDist};
 
 /// What block verification derives from a block before drawing: the prefix weights
@@ -59,7 +61,9 @@ impl BlockPlan {
             weights.push(w);
             let h = match i + 1 < gamma {
                 true => {
-                    let (_, z) = weighted_residual(&p[i + 1], w, &q[i + 1]);
+                    let next = &p[i + 1];
+                    let total: f64 = next.probs.iter().map(|x| *x as f64).sum();
+                    let z = residual_mass(&ProbIndex::new(next), total, w, &q[i + 1]);
                     let den = z + 1.0 - w;
                     if den > 0.0 {
                         z / den
@@ -81,15 +85,15 @@ impl BlockPlan {
 }
 
 /// Block verification of `draft` (drawn from `q`) against the target distributions `p(i)`,
-/// `i` in `0..=draft.len()`, each asked for once and in order. Draws `γ + 1` uniforms from
-/// `rng`: `η_1..η_γ`, then the next token's.
+/// `i` in `0..=draft.len()`, each asked for once (in parallel: every one is needed). Draws
+/// `γ + 1` uniforms from `rng`: `η_1..η_γ`, then the next token's.
 pub fn accept_block(
     draft: &[u32],
     q: &[SparseDist],
-    p: impl FnMut(usize) -> SparseDist,
+    p: impl Fn(usize) -> SparseDist + Sync,
     rng: &mut Sampler,
 ) -> Verdict {
-    let p: Vec<SparseDist> = (0..=draft.len()).map(p).collect();
+    let p: Vec<SparseDist> = (0..=draft.len()).into_par_iter().map(&p).collect();
     let plan = BlockPlan::new(draft, q, &p);
     let mut accepted = 0;
     for (i, h) in plan.stops.iter().enumerate() {

@@ -259,10 +259,27 @@ impl GammaPolicy {
     /// Records a round: `drafted` tokens of which the first `accepted` were accepted, the
     /// seconds spent drafting and verifying.
     pub fn record(&mut self, drafted: usize, accepted: usize, draft_s: f64, verify_s: f64) {
+        self.record_cut(drafted, drafted, accepted, draft_s, verify_s);
+    }
+
+    /// Records a round whose block of `drafted` tokens was cut to its first `verified`
+    /// ([`crate::cut`]) before verification, of which `accepted` were accepted. A cut token
+    /// counts as not accepted, so the acceptance rates stay those of whole drafted blocks
+    /// (what choosing γ before drafting needs) rather than of the confident tokens the cuts
+    /// let through; the verify time is per verified token.
+    pub fn record_cut(
+        &mut self,
+        drafted: usize,
+        verified: usize,
+        accepted: usize,
+        draft_s: f64,
+        verify_s: f64,
+    ) {
         let d = self.cfg.decay;
         let ema = |old: Option<f64>, x: f64| Some(old.map_or(x, |o| d * o + (1.0 - d) * x));
         let timed = verify_s.is_finite() && verify_s > 0.0 && draft_s.is_finite() && draft_s >= 0.0;
         let drafted = drafted.min(self.cfg.max_gamma);
+        let verified = verified.min(drafted);
         if drafted == 0 {
             self.plain_rounds += 1;
             self.timed_plain = true;
@@ -289,13 +306,19 @@ impl GammaPolicy {
         if !timed {
             return;
         }
+        if verified == 0 {
+            // A block cut whole: its verify was a one-token forward.
+            self.step_s = ema(self.step_s, verify_s);
+        }
         let step_s = match self.step_s {
             Some(step) => {
-                let extra = ((verify_s - step) / drafted as f64).max(0.0);
-                self.extra_s = ema(self.extra_s, extra);
+                if verified > 0 {
+                    let extra = ((verify_s - step) / verified as f64).max(0.0);
+                    self.extra_s = ema(self.extra_s, extra);
+                }
                 step
             }
-            None => verify_s / (1.0 + self.cfg.verify_slope * drafted as f64),
+            None => verify_s / (1.0 + self.cfg.verify_slope * verified as f64),
         };
         self.draft_cost = d * self.draft_cost + (1.0 - d) * draft_s / step_s;
     }
@@ -484,6 +507,38 @@ mod tests {
         let own = judged.learnt();
         assert_eq!((own.accepted[0], own.drafted[0]), (1.0, 1.0));
         assert!(own.drafted[1..].iter().all(|n| *n == 0.0));
+    }
+
+    /// A cut token counts as not accepted (the rates stay those of whole blocks, so a
+    /// drafter whose confident tokens pass but whose blocks mostly get cut is not drafted
+    /// more for it), and the verify time is spread over the verified tokens only.
+    #[test]
+    fn cut_rounds_count_the_cut_as_rejected_and_time_what_was_verified() {
+        let mut cut = policy(8);
+        let mut whole = policy(8);
+        for p in [&mut cut, &mut whole] {
+            p.record(0, 0, 0.0, 0.02);
+        }
+        for _ in 0..20 {
+            cut.record_cut(8, 1, 1, 0.004, 0.026);
+            whole.record(1, 1, 0.004, 0.026);
+        }
+        assert!(cut.acceptance(2) < 0.2, "{}", cut.acceptance(2));
+        assert!(
+            whole.acceptance(2) > 0.6,
+            "position 2 was never judged whole"
+        );
+        assert!((cut.verify_slope() - whole.verify_slope()).abs() < 1e-12);
+        assert!(
+            (cut.verify_slope() - 0.3).abs() < 1e-6,
+            "{}",
+            cut.verify_slope()
+        );
+        let mut all_cut = policy(8);
+        all_cut.record(0, 0, 0.0, 0.02);
+        all_cut.record_cut(8, 0, 0, 0.004, 0.022);
+        assert!(all_cut.acceptance(1) < PRIOR_FIRST);
+        assert!(all_cut.verify_slope().is_finite());
     }
 
     proptest! {

@@ -283,7 +283,8 @@ impl<'e> Generation<'e> {
         };
         self.stats.record(&round);
         if let Some(p) = &mut self.policy {
-            p.record(round.drafted, round.accepted, round.draft_s, round.verify_s);
+            let drafted = round.drafted + round.cut;
+            p.record_cut(drafted, round.drafted, round.accepted, round.draft_s, round.verify_s);
         }
         Ok((verdict.emitted(&draft.tokens), round))
     }
