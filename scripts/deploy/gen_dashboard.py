@@ -115,6 +115,23 @@ def dashboard():
         acceptance_histogram(18, y, 6, 8),
     ]
     y += 8
+    panels.append(row("Confidences", y))
+    y += 1
+    panels += [
+        panel("Acceptance by drafter confidence (5m)", "timeseries", 0, y, 12, 8,
+              [(f"sum by (confidence) (rate(tandem_spec_accepted_tokens_by_confidence_total{{{V}}}[5m]))"
+                f" / sum by (confidence) (rate(tandem_spec_reached_tokens_by_confidence_total{{{V}}}[5m]))",
+                "confidence {{confidence}}")],
+              unit="percentunit", min=0, max=1,
+              desc="Share of drafted tokens accepted, among those whose predecessors were all accepted, by the confidence the drafter sent. With a calibrated drafter each line sits inside its bucket; a line outside it means the calibration is stale (run tandem calibrate again)."),
+        panel("Confidence cuts", "timeseries", 12, y, 12, 8,
+              [(f"sum(rate(tandem_spec_confidence_cut_blocks_total{{{V}}}[5m]))", "blocks cut/s"),
+               (f"sum(rate(tandem_spec_confidence_cut_tokens_total{{{V}}}[5m]))", "tokens left unverified/s"),
+               (f"sum(rate(tandem_spec_draft_tokens_total{{{V}}}[5m]))", "tokens verified/s")],
+              unit="short", min=0,
+              desc="Drafted blocks the verifier shortened because their calibrated confidences did not pay for verifying the rest."),
+    ]
+    y += 8
     panels.append(row("Latency", y))
     y += 1
     panels += [
