@@ -56,10 +56,10 @@ pub struct AbArgs {
     #[arg(long)]
     adaptive_gamma: bool,
     /// How arm A's sampled rounds verify drafts: `block` or `token`.
-    #[arg(long, default_value = "block")]
+    #[arg(long, default_value = "token")]
     a_verification: Verification,
     /// How arm B's sampled rounds verify drafts: `block` or `token`.
-    #[arg(long, default_value = "block")]
+    #[arg(long, default_value = "token")]
     b_verification: Verification,
     /// Verify whole blocks even where calibrated confidences say a tail does not pay
     /// (cuts apply only with an adaptive γ and a calibrated drafter).

@@ -45,7 +45,7 @@ pub struct SpecArgs {
     #[arg(long)]
     adaptive_gamma: bool,
     /// How sampled rounds verify drafts: `block` or `token`.
-    #[arg(long, default_value = "block")]
+    #[arg(long, default_value = "token")]
     verification: Verification,
     /// Verify whole blocks even where calibrated confidences say a tail does not pay
     /// (cuts apply only with an adaptive γ and a calibrated drafter).
@@ -113,6 +113,22 @@ pub struct SpecRun {
     pub draft_share: f64,
     pub tok_s: f64,
     pub speedup: f64,
+    /// Sampled block-verified runs: the τ each verification rule gives in expectation on
+    /// the very rounds of the run (`[token-wise, block]`), a comparison free of the noise
+    /// of diverging sampled paths.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_tau: Option<[f64; 2]>,
+}
+
+/// `[token-wise, block]` expected τ of the rounds in `s` that reported it.
+fn expected_tau(s: &SpecStats) -> Option<[f64; 2]> {
+    let n = s.expected_rounds as f64;
+    (n > 0.0).then(|| {
+        [
+            1.0 + s.expected_token_kept / n,
+            1.0 + s.expected_block_kept / n,
+        ]
+    })
 }
 
 /// The `top_p` of reports written before it was recorded: every token.
@@ -302,6 +318,7 @@ fn mode(runner: &Runner<'_>, prompts: &[Vec<u32>], a: &SpecArgs, temperature: f3
                 draft_share: s.draft_s / (s.draft_s + s.verify_s).max(1e-9),
                 tok_s: t.tok_s(),
                 speedup: t.tok_s() / plain.tok_s().max(1e-9),
+                expected_tau: expected_tau(s),
             }
         })
         .collect();
@@ -458,6 +475,7 @@ fn spec_from_pb(s: &pb::SpeculationStats) -> SpecStats {
         draft_s: s.draft_seconds,
         verify_s: s.verify_seconds,
         proposer_failures: s.proposer_failures,
+        ..SpecStats::default()
     }
 }
 
@@ -468,6 +486,9 @@ fn merge(into: &mut SpecStats, s: &SpecStats) {
     into.draft_s += s.draft_s;
     into.verify_s += s.verify_s;
     into.proposer_failures += s.proposer_failures;
+    into.expected_rounds += s.expected_rounds;
+    into.expected_token_kept += s.expected_token_kept;
+    into.expected_block_kept += s.expected_block_kept;
     for (dst, src) in [
         (&mut into.accepted_per_position, &s.accepted_per_position),
         (&mut into.drafted_per_position, &s.drafted_per_position),
@@ -510,6 +531,12 @@ fn print_report(r: &SpecReport) {
                 100.0 * s.draft_share,
                 acc.join(" ")
             );
+            if let Some([token, block]) = s.expected_tau {
+                println!(
+                    "        expected τ on these rounds: token-wise {token:.3}, block {block:.3} ({:+.1} %)",
+                    100.0 * (block / token - 1.0)
+                );
+            }
         }
     }
 }

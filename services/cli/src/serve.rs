@@ -78,7 +78,7 @@ pub struct VerifierOptions {
     adaptive_gamma: bool,
     /// How sampled rounds verify drafts when a request does not say: `block` (jointly,
     /// Sun et al. 2024; never fewer accepted tokens) or `token` (token by token).
-    #[arg(long, env = "TANDEM_VERIFICATION", default_value = "block")]
+    #[arg(long, env = "TANDEM_VERIFICATION", default_value = "token")]
     verification: Verification,
     /// With an adaptive γ, verify only the part of each block whose calibrated confidences
     /// pay for its verify rows (drafters without a calibration are never cut).

@@ -26,13 +26,26 @@ use crate::acceptance::{residual_mass, weighted_residual, ProbIndex, Verdict};
 use crate::sampling::{Sampler, SparseDist};
 
 /// What block verification derives from a block before drawing: the prefix weights
-/// `w_0..=w_γ` and the stop probabilities `h_1..=h_γ` (`stops[i − 1] = h_i`).
+/// `w_0..=w_γ`, the stop probabilities `h_1..=h_γ` (`stops[i − 1] = h_i`) and the
+/// token-wise acceptance ratios `min(1, p_i(X_i) / q_i(X_i))` of the same block.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BlockPlan {
     /// `w_0..=w_γ`.
     pub weights: Vec<f64>,
     /// `h_1..=h_γ`.
     pub stops: Vec<f64>,
+    /// The token-wise rule's acceptance probability of each draft token.
+    pub ratios: Vec<f64>,
+}
+
+/// The draft tokens one block keeps in expectation under each rule: exact for the block
+/// at hand, so the two rules compare on the very same drafts and target distributions.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ExpectedKept {
+    /// Token-wise: `Σ_k Π_{j ≤ k} min(1, p_j / q_j)`.
+    pub token: f64,
+    /// Block: `Σ_t t · h_t · Π_{j > t} (1 − h_j)`.
+    pub block: f64,
 }
 
 impl BlockPlan {
@@ -52,12 +65,15 @@ impl BlockPlan {
         let gamma = draft.len();
         let mut weights = vec![1.0f64];
         let mut stops = Vec::with_capacity(gamma);
+        let mut ratios = Vec::with_capacity(gamma);
         for (i, d) in draft.iter().enumerate() {
             let (pd, qd) = (p[i].prob(*d) as f64, q[i].prob(*d) as f64);
-            let w = match qd > 0.0 {
-                true => (weights[i] * pd / qd).min(1.0),
+            let ratio = match qd > 0.0 {
+                true => pd / qd,
                 false => 0.0,
             };
+            ratios.push(ratio.min(1.0));
+            let w = (weights[i] * ratio).min(1.0);
             weights.push(w);
             let h = match i + 1 < gamma {
                 true => {
@@ -75,7 +91,30 @@ impl BlockPlan {
             };
             stops.push(h);
         }
-        Self { weights, stops }
+        Self {
+            weights,
+            stops,
+            ratios,
+        }
+    }
+
+    /// The draft tokens this block keeps in expectation under each rule.
+    pub fn expected(&self) -> ExpectedKept {
+        let token = self
+            .ratios
+            .iter()
+            .scan(1.0, |reach, a| {
+                *reach *= a;
+                Some(*reach)
+            })
+            .sum();
+        let block = (1..=self.stops.len())
+            .map(|t| {
+                let later: f64 = self.stops[t..].iter().map(|h| 1.0 - h).product();
+                t as f64 * self.stops[t - 1] * later
+            })
+            .sum();
+        ExpectedKept { token, block }
     }
 
     /// The residual the token after `kept` tokens is drawn from (`kept < γ`).
@@ -93,6 +132,16 @@ pub fn accept_block(
     p: impl Fn(usize) -> SparseDist + Sync,
     rng: &mut Sampler,
 ) -> Verdict {
+    accept_block_expected(draft, q, p, rng).0
+}
+
+/// [`accept_block`], with what each rule keeps of this block in expectation.
+pub fn accept_block_expected(
+    draft: &[u32],
+    q: &[SparseDist],
+    p: impl Fn(usize) -> SparseDist + Sync,
+    rng: &mut Sampler,
+) -> (Verdict, ExpectedKept) {
     let p: Vec<SparseDist> = (0..=draft.len()).into_par_iter().map(&p).collect();
     let plan = BlockPlan::new(draft, q, &p);
     let mut accepted = 0;
@@ -105,7 +154,7 @@ pub fn accept_block(
         true => p[accepted].draw(rng.uniform()),
         false => plan.residual(accepted, &p, q).draw(rng.uniform()),
     };
-    Verdict { accepted, next }
+    (Verdict { accepted, next }, plan.expected())
 }
 
 #[cfg(test)]

@@ -13,8 +13,8 @@ use std::time::Instant;
 use candle_core::Tensor;
 use tandem_core::{
     accept_greedy, argmax, cut::cut_length, distribution, distribution_of, Chunk, DraftBlock,
-    FinishReason, GammaPolicy, GammaPolicyConfig, Output, Proposer, Sampler, SamplingParams,
-    SnapshotSpec, Verdict,
+    ExpectedKept, FinishReason, GammaPolicy, GammaPolicyConfig, Output, Proposer, Sampler,
+    SamplingParams, SnapshotSpec, Verdict,
 };
 use tandem_gemma::{argmax_rows, LogitsMode, TopRow};
 use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
@@ -235,7 +235,7 @@ impl<'e> Generation<'e> {
         if let Some(Err(e)) = self.drafting.as_mut().map(Drafting::flush) {
             self.drop_drafting(&e);
         }
-        let verdict = self.verify(&out, &DraftBlock::default())?;
+        let (verdict, _) = self.verify(&out, &DraftBlock::default())?;
         Ok(verdict.next)
     }
 
@@ -266,7 +266,7 @@ impl<'e> Generation<'e> {
             (false, None) => LogitsMode::All,
         };
         let out = self.forward(&block, n, mode)?;
-        let verdict = self.verify(&out, &draft)?;
+        let (verdict, expected) = self.verify(&out, &draft)?;
         self.cache.truncate(n + verdict.accepted + 1)?;
         let verify_s = t1.elapsed().as_secs_f64();
         let t2 = Instant::now();
@@ -277,6 +277,7 @@ impl<'e> Generation<'e> {
             confidences: draft.confidences.clone(),
             calibrated: draft.calibrated,
             source: draft.source,
+            expected: expected.filter(|_| !draft.tokens.is_empty()),
             accepted: verdict.accepted,
             draft_s: draft_s + t2.elapsed().as_secs_f64(),
             verify_s,
@@ -284,7 +285,13 @@ impl<'e> Generation<'e> {
         self.stats.record(&round);
         if let Some(p) = &mut self.policy {
             let drafted = round.drafted + round.cut;
-            p.record_cut(drafted, round.drafted, round.accepted, round.draft_s, round.verify_s);
+            p.record_cut(
+                drafted,
+                round.drafted,
+                round.accepted,
+                round.draft_s,
+                round.verify_s,
+            );
         }
         Ok((verdict.emitted(&draft.tokens), round))
     }
@@ -308,8 +315,13 @@ impl<'e> Generation<'e> {
     }
 
     /// Accepts a prefix of `draft` against the target logits of `out` and chooses the next
-    /// token, with the request's sampling applied identically to plain decoding.
-    fn verify(&mut self, out: &TargetStep, draft: &DraftBlock) -> Result<Verdict> {
+    /// token, with the request's sampling applied identically to plain decoding; sampled
+    /// block verification also says what each rule keeps of the block in expectation.
+    fn verify(
+        &mut self,
+        out: &TargetStep,
+        draft: &DraftBlock,
+    ) -> Result<(Verdict, Option<ExpectedKept>)> {
         let rows = draft.tokens.len() + 1;
         let sampling = self.req.sampling;
         if let Some(top) = &out.top {
@@ -318,7 +330,7 @@ impl<'e> Generation<'e> {
             })?;
             if sampling.is_greedy() {
                 let ids: Vec<u32> = top.iter().map(TopRow::first_max).collect();
-                return Ok(accept_greedy(&draft.tokens, &ids));
+                return Ok((accept_greedy(&draft.tokens, &ids), None));
             }
             return Ok(self.req.verification.accept(
                 &draft.tokens,
@@ -332,7 +344,8 @@ impl<'e> Generation<'e> {
             .as_ref()
             .ok_or_else(|| EngineError::InvalidRequest("forward returned no logits".into()))?;
         if sampling.is_greedy() {
-            return Ok(accept_greedy(&draft.tokens, &greedy_tokens(logits, rows)?));
+            let ids = greedy_tokens(logits, rows)?;
+            return Ok((accept_greedy(&draft.tokens, &ids), None));
         }
         let rows = logits_rows(logits, rows)?;
         Ok(self.req.verification.accept(

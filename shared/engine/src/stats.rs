@@ -1,7 +1,7 @@
 //! What a generation measured: per-round speculation figures and timings.
 
 use serde::Serialize;
-use tandem_core::DraftSource;
+use tandem_core::{DraftSource, ExpectedKept};
 
 /// One verification round.
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
@@ -17,6 +17,10 @@ pub struct RoundStats {
     /// What drafted the block.
     #[serde(skip)]
     pub source: DraftSource,
+    /// What each verification rule keeps of the block in expectation (sampled rounds
+    /// verified block-wise, which build every position's target distribution).
+    #[serde(skip)]
+    pub expected: Option<ExpectedKept>,
     /// Draft tokens accepted.
     pub accepted: usize,
     /// Seconds spent drafting (the proposer's extend and propose calls).
@@ -44,6 +48,12 @@ pub struct SpecStats {
     pub verify_s: f64,
     /// Proposer calls that failed; the generation went on without speculation.
     pub proposer_failures: u64,
+    /// Rounds that reported [`RoundStats::expected`].
+    pub expected_rounds: u64,
+    /// Draft tokens the token-wise rule keeps of those rounds' blocks in expectation.
+    pub expected_token_kept: f64,
+    /// Draft tokens block verification keeps of the same blocks in expectation.
+    pub expected_block_kept: f64,
 }
 
 impl SpecStats {
@@ -55,6 +65,11 @@ impl SpecStats {
             return;
         }
         self.drafts += 1;
+        if let Some(e) = r.expected {
+            self.expected_rounds += 1;
+            self.expected_token_kept += e.token;
+            self.expected_block_kept += e.block;
+        }
         self.draft_tokens += r.drafted as u64;
         self.accepted_tokens += r.accepted as u64;
         if self.drafted_per_position.len() < r.drafted {

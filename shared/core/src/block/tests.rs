@@ -353,6 +353,10 @@ proptest! {
         let plan = BlockPlan::new(&draft, q, p);
         prop_assert!(plan.stops.iter().all(|h| (0.0..=1.0).contains(h)));
         prop_assert!(plan.weights.iter().all(|w| (0.0..=1.0).contains(w)));
+        let e = plan.expected();
+        let kept = |rule| outcomes(rule, &draft, q, p).iter().map(|(t, pt, _)| *t as f64 * pt).sum::<f64>();
+        prop_assert!((e.token - kept(Rule::Token)).abs() < 1e-9, "{e:?}");
+        prop_assert!((e.block - kept(Rule::Block)).abs() < 1e-9, "{e:?}");
         // The first weight is the token-wise acceptance ratio of the first draft.
         let token_first = (p[0].prob(draft[0]) as f64 / q[0].prob(draft[0]) as f64).min(1.0);
         prop_assert!((plan.weights[1] - token_first).abs() < 1e-9);
