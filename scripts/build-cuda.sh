@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds `tandem` with the CUDA target path (`--features cuda`) on a machine without a GPU,
-# for the lent H200 (CUDA 13.0, driver 580; ../shared/GPU.md has the measured facts).
+# for the lent H200 (CUDA 13.0, driver 580; docs/gpu.md has the measured facts).
 #
 #   scripts/build-cuda.sh [TOOLKIT_DIR] [TARGET_DIR]
 #

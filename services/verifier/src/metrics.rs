@@ -1,4 +1,4 @@
-//! The verifier's Prometheus metrics (names and definitions in ARCHITECTURE.md, following
+//! The verifier's Prometheus metrics (names and definitions in docs/architecture.md, following
 //! vLLM's so dashboards carry over). Labels are bounded: finish reasons, draft positions
 //! up to the largest γ and five confidence buckets.
 
