@@ -1,6 +1,6 @@
-//! `tandem calibrate`: fits the calibration of a DSpark drafter's confidences
-//! ([`tandem_core::calibration`]) on rounds of the real target and saves it beside the
-//! drafter. Every prompt is decoded at every `--temperatures` value with the drafter's full
+//! `tandem calibrate`: fits the calibration of a drafter's confidences
+//! ([`tandem_core::calibration`]; a DSpark drafter, or a Gemma 4 assistant with its Gemma 4
+//! `--model`) on rounds of the real target and saves it beside the drafter. Every prompt is decoded at every `--temperatures` value with the drafter's full
 //! γ, token-wise verification and raw confidences; each drafted token the verifier reached
 //! (all before it accepted) is one observation of its position, source and regime. Even
 //! prompts fit, odd ones are held out: the report gives the expected calibration error of
@@ -107,8 +107,9 @@ struct Report {
 /// `tandem calibrate`.
 pub fn run(a: CalibrateArgs) -> Result<()> {
     let Some(dir) = a.drafter.dir()? else {
-        bail!("--drafter random has nothing to calibrate: name a DSpark drafter directory");
+        bail!("--drafter random has nothing to calibrate: name a drafter directory");
     };
+    let assistant = a.drafter.is_assistant()?;
     if a.temperatures.is_empty() || a.temperatures.iter().any(|t| !(0.0..=4.0).contains(t)) {
         bail!("--temperatures must be values in [0, 4]");
     }
@@ -133,9 +134,12 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
     let (calibration, sources) = fit(&rounds, &a.temperatures);
     print_table(&sources);
     if !a.dry_run {
-        tandem_dspark::attach_calibration(&dir, &calibration)
-            .with_context(|| format!("saving the calibration into {}", dir.display()))?;
-        eprintln!("saved {}", dir.join(tandem_dspark::CALIBRATION).display());
+        let saved: Result<()> = match assistant {
+            true => tandem_assistant::save_calibration(&dir, &calibration).map_err(Into::into),
+            false => tandem_dspark::attach_calibration(&dir, &calibration).map_err(Into::into),
+        };
+        saved.with_context(|| format!("saving the calibration into {}", dir.display()))?;
+        eprintln!("saved {}", dir.join("calibration.json").display());
     }
     if let Some(png) = &a.png {
         reliability::draw(png, &sources).with_context(|| format!("drawing {}", png.display()))?;

@@ -14,7 +14,7 @@ use clap::Args;
 use tandem_assistant::{AssistantOptions, AssistantProposer};
 use tandem_core::calibration::Calibration;
 use tandem_core::Proposer;
-use tandem_dspark::{load_calibration, Dspark, DsparkConfig, DsparkProposer, TargetDims};
+use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
 use tandem_gemma::{TargetHead, TargetIdentity};
 
 use crate::models::{model_type, ModelArgs};
@@ -82,7 +82,7 @@ impl DrafterArgs {
     /// The calibration of the DSpark drafter `--drafter` names, unless switched off.
     pub fn calibration(&self) -> Result<Option<Calibration>> {
         match (self.dir()?, self.no_calibration) {
-            (Some(dir), false) => load_calibration(&dir)
+            (Some(dir), false) => tandem_dspark::load_calibration(&dir)
                 .with_context(|| format!("loading the calibration of {}", dir.display())),
             _ => Ok(None),
         }
@@ -123,7 +123,7 @@ pub struct LoadedDrafter {
 
 impl DrafterArgs {
     /// Whether `--drafter` names a Gemma 4 assistant directory.
-    fn is_assistant(&self) -> Result<bool> {
+    pub fn is_assistant(&self) -> Result<bool> {
         let dir = Path::new(&self.drafter);
         Ok(dir.is_dir() && model_type(dir)?.as_deref() == Some("gemma4_assistant"))
     }
@@ -135,8 +135,13 @@ impl DrafterArgs {
         if self.is_assistant()? {
             models.cpu_kernels()?;
             let (dir, target) = (Path::new(&self.drafter), models.model_path()?);
+            let calibration = match self.no_calibration {
+                true => None,
+                false => tandem_assistant::load_calibration(dir)?,
+            };
             let p = AssistantProposer::load(dir, &target, AssistantOptions::default())
-                .with_context(|| format!("loading assistant drafter {}", dir.display()))?;
+                .with_context(|| format!("loading assistant drafter {}", dir.display()))?
+                .with_calibration(calibration);
             return Ok(LoadedDrafter {
                 target: p.target().clone(),
                 proposer: Arc::new(p),

@@ -2,7 +2,9 @@
 //! it fits on half of the calibration prompts, lowers the expected calibration error of the
 //! other half, saves the calibration beside the drafter (named in its manifest) and draws
 //! the reliability diagram; the drafter then drafts with it, and a calibration of another
-//! version is refused with one clear line.
+//! version is refused with one clear line. The same for a Gemma 4 assistant on the tiny
+//! random checkpoints of the transformers goldens: its calibration file is written beside
+//! it and the held-out error falls.
 
 mod common;
 
@@ -116,4 +118,65 @@ fn calibration_lowers_held_out_error_and_is_used_by_the_drafter() {
     let stale = cal.replacen("\"version\": 1", "\"version\": 99", 1);
     std::fs::write(dir.join("calibration.json"), stale).expect("write");
     assert_one_line_error(&generate(&[]), "run tandem calibrate again");
+}
+
+/// The tiny Gemma 4 checkpoints of the transformers goldens.
+fn gemma4_fixtures() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/gemma/tests/fixtures/gemma4")
+}
+
+#[test]
+fn an_assistant_is_calibrated_beside_its_files() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("assistant");
+    std::fs::create_dir(&dir).expect("dir");
+    for f in ["config.json", "model.safetensors"] {
+        let from = gemma4_fixtures().join("assistant_dense").join(f);
+        std::fs::copy(from, dir.join(f)).expect("copy");
+    }
+    let mut state = 7u64;
+    let prompts: Vec<Vec<u32>> = (0..12)
+        .map(|i| {
+            let mut ids = vec![2u32];
+            ids.extend((0..4 + i % 5).map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                3 + (state >> 33) as u32 % 250
+            }));
+            ids
+        })
+        .collect();
+    let prompts_file = tmp.path().join("prompts.json");
+    std::fs::write(&prompts_file, serde_json::to_string(&prompts).expect("json")).expect("write");
+    let (json, target) = (
+        tmp.path().join("report.json"),
+        gemma4_fixtures().join("target_ple"),
+    );
+    let out = tandem(&[
+        "calibrate",
+        "--drafter",
+        dir.to_str().expect("utf-8"),
+        "--model",
+        target.to_str().expect("utf-8"),
+        "--prompts",
+        prompts_file.to_str().expect("utf-8"),
+        "--prompts-per-file",
+        "12",
+        "--max-tokens",
+        "40",
+        "--temperatures",
+        "0,1",
+        "--json",
+        json.to_str().expect("utf-8"),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("report")).expect("json");
+    let regimes = weighted_ece(&report);
+    assert_eq!(regimes.len(), 2, "{report}");
+    for (t, before, after) in regimes {
+        assert!(after < before, "T {t}: held-out ECE {before} → {after}");
+    }
+    let cal = std::fs::read_to_string(dir.join("calibration.json")).expect("calibration");
+    let cal: serde_json::Value = serde_json::from_str(&cal).expect("json");
+    assert_eq!(cal["regimes"].as_array().map(Vec::len), Some(2), "{cal}");
 }

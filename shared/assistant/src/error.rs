@@ -11,4 +11,12 @@ pub enum AssistantError {
     /// The assistant was not made for this target (sizes or donor geometry differ).
     #[error("the assistant does not fit the target: {0}")]
     Mismatch(String),
+    /// Its calibration file cannot be read or written.
+    #[error("{path}: {message}")]
+    Calibration {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
 }

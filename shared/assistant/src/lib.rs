@@ -14,12 +14,14 @@
 //! send that exact distribution, so rejection sampling stays lossless. A session's draws
 //! come from its own stream, seeded by the request seed XOR [`DRAFT_SEED_MIX`]. Each
 //! token's confidence is the assistant's probability of it (greedy: at temperature 1),
-//! uncalibrated.
+//! calibrated when the assistant has a calibration ([`load_calibration`]).
 
+mod calibration;
 mod choice;
 mod error;
 mod proposer;
 mod session;
 
+pub use calibration::{load_calibration, save_calibration, CALIBRATION};
 pub use error::AssistantError;
 pub use proposer::{AssistantOptions, AssistantProposer, DRAFT_SEED_MIX};

@@ -5,6 +5,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
+use tandem_core::calibration::Calibration;
 use tandem_core::{
     PartSpec, ProposeError, Proposer, ProposerSession, Sampler, SamplingParams, SnapshotPart,
     SnapshotSpec,
@@ -68,6 +69,7 @@ pub(crate) struct Shared {
 pub struct AssistantProposer {
     shared: Arc<Shared>,
     identity: TargetIdentity,
+    calibration: Option<Arc<Calibration>>,
 }
 
 impl AssistantProposer {
@@ -128,12 +130,21 @@ impl AssistantProposer {
         Ok(Self {
             shared: Arc::new(shared),
             identity,
+            calibration: None,
         })
     }
 
     /// The target this proposer drafts for.
     pub fn target(&self) -> &TargetIdentity {
         &self.identity
+    }
+
+    /// The same proposer calibrating its confidences with `calibration` (none: raw).
+    pub fn with_calibration(self, calibration: Option<Calibration>) -> Self {
+        Self {
+            calibration: calibration.map(Arc::new),
+            ..self
+        }
     }
 }
 
@@ -212,9 +223,15 @@ impl Proposer for AssistantProposer {
             ..*sampling
         };
         let sampler = Sampler::new(params).map_err(|e| ProposeError::Invalid(e.to_string()))?;
+        let regime = self
+            .calibration
+            .as_ref()
+            .and_then(|c| c.regime(sampling.temperature))
+            .cloned();
         Ok(Box::new(AssistantSession::new(
             Arc::clone(&self.shared),
             sampler,
+            regime,
         )))
     }
 }

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use tandem_core::calibration::Regime;
 use tandem_core::{
     DraftBlock, DraftSource, ProposeError, ProposeRequest, ProposerSession, Sampler, SnapshotRows,
 };
@@ -40,6 +41,8 @@ pub(crate) struct AssistantSession {
     len: usize,
     /// The request's sampling parameters, with a seed of the session's own.
     sampler: Sampler,
+    /// The calibration of the request's sampling regime, if the assistant has one.
+    regime: Option<Regime>,
 }
 
 fn invalid<T>(msg: String) -> Result<T, ProposeError> {
@@ -47,13 +50,14 @@ fn invalid<T>(msg: String) -> Result<T, ProposeError> {
 }
 
 impl AssistantSession {
-    pub(crate) fn new(shared: Arc<Shared>, sampler: Sampler) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, sampler: Sampler, regime: Option<Regime>) -> Self {
         Self {
             shared,
             mirrors: [Mirror::default(), Mirror::default()],
             last_hidden: Vec::new(),
             len: 0,
             sampler,
+            regime,
         }
     }
 
@@ -125,12 +129,16 @@ impl ProposerSession for AssistantSession {
                 token
             })
             .map_err(|e| ProposeError::Unavailable(format!("assistant: {e}")))?;
-        Ok(DraftBlock {
+        let mut block = DraftBlock {
             tokens: chosen.iter().map(|c| c.token).collect(),
             confidences: chosen.iter().map(|c| c.confidence).collect(),
             dists: chosen.into_iter().map(|c| c.dist).collect(),
             source: DraftSource::Model,
             calibrated: false,
-        })
+        };
+        if let Some(r) = &self.regime {
+            block.calibrated = r.apply(block.source, &mut block.confidences);
+        }
+        Ok(block)
     }
 }

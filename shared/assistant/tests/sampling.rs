@@ -4,13 +4,20 @@
 //! assistant's distribution under the request's sampling, each drawn token fed to the next
 //! step, carry exactly those distributions and the drawn tokens' probabilities, and
 //! reproduce from the seed; greedy blocks are the greedy drafts as point masses, with the
-//! greedy tokens' softmax probabilities.
+//! greedy tokens' softmax probabilities. A calibrated assistant sends the same blocks
+//! with its confidences mapped by the regime of the request, and its calibration file
+//! round-trips, a stale version refused.
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tandem_assistant::{AssistantOptions, AssistantProposer, DRAFT_SEED_MIX};
+use tandem_assistant::{
+    load_calibration, save_calibration, AssistantOptions, AssistantProposer, DRAFT_SEED_MIX,
+};
+use tandem_core::calibration::{
+    Calibration, PositionFit, PositionMap, Regime, SourceFit, CALIBRATION_VERSION,
+};
 use tandem_core::{
     distribution, DraftBlock, DraftSource, ProposeRequest, Proposer, ProposerSession, Sampler,
     SamplingParams, SnapshotRows, SparseDist,
@@ -226,4 +233,55 @@ fn greedy_blocks_are_the_greedy_drafts_as_point_masses() {
             }
         }
     }
+}
+
+/// A calibration whose greedy regime sharpens and whose T = 1 regime flattens every
+/// position of the model's tokens.
+fn calibration() -> Calibration {
+    let regime = |temperature: f32, scale: f64| Regime {
+        temperature,
+        sources: vec![SourceFit {
+            source: DraftSource::Model.as_str().into(),
+            positions: vec![PositionFit {
+                map: PositionMap::Temperature { temperature: scale },
+                observations: 100,
+            }],
+        }],
+    };
+    Calibration {
+        version: CALIBRATION_VERSION,
+        regimes: vec![regime(0.0, 0.5), regime(1.0, 2.0)],
+    }
+}
+
+#[test]
+fn calibrated_sessions_map_confidences_by_the_requests_regime() {
+    let (p, cal) = (prefix(), calibration());
+    let tmp = tempfile::tempdir().unwrap();
+    assert_eq!(load_calibration(tmp.path()).unwrap(), None);
+    save_calibration(tmp.path(), &cal).unwrap();
+    let loaded = load_calibration(tmp.path()).unwrap().unwrap();
+    assert_eq!(loaded, cal);
+    for params in [SamplingParams::default(), sampled(0.9, None, 1.0)] {
+        let raw = session(ASSISTANTS[0], &params, &p).propose(&REQUEST).unwrap();
+        let mut s = proposer(ASSISTANTS[0])
+            .with_calibration(Some(loaded.clone()))
+            .open(&params)
+            .unwrap();
+        s.extend(&p.rows).unwrap();
+        let block = s.propose(&REQUEST).unwrap();
+        assert!(block.calibrated);
+        assert_eq!((&block.tokens, &block.dists), (&raw.tokens, &raw.dists));
+        let mut expected = raw.confidences.clone();
+        assert!(cal
+            .regime(params.temperature)
+            .unwrap()
+            .apply(DraftSource::Model, &mut expected));
+        assert_eq!(block.confidences, expected);
+        assert_ne!(block.confidences, raw.confidences);
+    }
+    let stale = cal.to_json().replacen("\"version\": 1", "\"version\": 7", 1);
+    std::fs::write(tmp.path().join("calibration.json"), stale).unwrap();
+    let err = load_calibration(tmp.path()).unwrap_err().to_string();
+    assert!(err.contains("run tandem calibrate again"), "{err}");
 }

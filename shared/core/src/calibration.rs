@@ -102,6 +102,23 @@ pub struct Calibration {
 }
 
 impl Calibration {
+    /// Reads a saved calibration; the error says what is wrong, e.g. another version.
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let c: Calibration = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if c.version != CALIBRATION_VERSION {
+            return Err(format!(
+                "calibration v{} is not v{CALIBRATION_VERSION}: run tandem calibrate again",
+                c.version
+            ));
+        }
+        Ok(c)
+    }
+
+    /// The calibration as saved (pretty JSON).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
     /// The regime for requests sampled at `temperature`: the greedy one for greedy
     /// requests, the sampled one of nearest temperature otherwise; none if that kind was not
     /// fitted.

@@ -223,16 +223,17 @@ pub fn load_calibration(dir: &Path) -> Result<Option<Calibration>> {
         return Ok(None);
     };
     let path = dir.join(&r.file);
-    let cal: Calibration = read_json(&path)?;
-    if r.version != CALIBRATION_VERSION || cal.version != CALIBRATION_VERSION {
+    if r.version != CALIBRATION_VERSION {
         return Err(DsparkError::checkpoint(
             &path,
             format!(
-                "calibration v{} is not v{CALIBRATION_VERSION}: run tandem calibrate again",
-                cal.version
+                "the manifest names calibration v{}, not v{CALIBRATION_VERSION}: run tandem calibrate again",
+                r.version
             ),
         ));
     }
+    let text = std::fs::read_to_string(&path).map_err(|e| DsparkError::io(&path, e))?;
+    let cal = Calibration::from_json(&text).map_err(|e| DsparkError::checkpoint(&path, e))?;
     Ok(Some(cal))
 }
 
@@ -240,7 +241,8 @@ pub fn load_calibration(dir: &Path) -> Result<Option<Calibration>> {
 pub fn attach_calibration(dir: &Path, cal: &Calibration) -> Result<()> {
     let path = dir.join(MANIFEST);
     let mut m: Manifest = read_json(&path)?;
-    write_json(&dir.join(CALIBRATION), cal)?;
+    let file = dir.join(CALIBRATION);
+    std::fs::write(&file, cal.to_json()).map_err(|e| DsparkError::io(&file, e))?;
     m.calibration = Some(CalibrationRef {
         file: CALIBRATION.into(),
         version: cal.version,
