@@ -102,6 +102,21 @@ impl GammaPolicyConfig {
     }
 }
 
+/// One round as a [`GammaPolicy`] learns from it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Observed<'a> {
+    /// Drafted tokens verified (the block, less any cut; 0 for a plain round).
+    pub verified: usize,
+    /// Of those, accepted.
+    pub accepted: usize,
+    /// The calibrated confidences of the tokens cut after the verified ones.
+    pub cut: &'a [f32],
+    /// Seconds spent drafting.
+    pub draft_s: f64,
+    /// Seconds spent verifying.
+    pub verify_s: f64,
+}
+
 /// Per-generation draft-length controller.
 #[derive(Debug, Clone)]
 pub struct GammaPolicy {
@@ -259,27 +274,37 @@ impl GammaPolicy {
     /// Records a round: `drafted` tokens of which the first `accepted` were accepted, the
     /// seconds spent drafting and verifying.
     pub fn record(&mut self, drafted: usize, accepted: usize, draft_s: f64, verify_s: f64) {
-        self.record_cut(drafted, drafted, accepted, draft_s, verify_s);
+        self.observe(&Observed {
+            verified: drafted,
+            accepted,
+            cut: &[],
+            draft_s,
+            verify_s,
+        });
     }
 
-    /// Records a round whose block of `drafted` tokens was cut to its first `verified`
-    /// ([`crate::cut`]) before verification, of which `accepted` were accepted. A cut token
-    /// counts as not accepted, so the acceptance rates stay those of whole drafted blocks
-    /// (what choosing γ before drafting needs) rather than of the confident tokens the cuts
-    /// let through; the verify time is per verified token.
-    pub fn record_cut(
-        &mut self,
-        drafted: usize,
-        verified: usize,
-        accepted: usize,
-        draft_s: f64,
-        verify_s: f64,
-    ) {
+    /// Records a round, its block possibly cut before verification ([`crate::cut`]). The
+    /// verified positions count as in [`GammaPolicy::record`]; when every verified token
+    /// was accepted, each cut position counts in expectation, by the calibrated
+    /// confidences it was cut on: reached with the survival of the cut tokens before it,
+    /// accepted with its own confidence on top. So the rates stay those of whole drafted
+    /// blocks (what choosing γ before drafting needs), neither inflated by the confident
+    /// tokens the cuts let through nor deflated by counting every cut token as rejected.
+    /// The verify time is per verified token.
+    pub fn observe(&mut self, round: &Observed<'_>) {
+        let Observed {
+            verified,
+            accepted,
+            cut,
+            draft_s,
+            verify_s,
+        } = *round;
         let d = self.cfg.decay;
         let ema = |old: Option<f64>, x: f64| Some(old.map_or(x, |o| d * o + (1.0 - d) * x));
         let timed = verify_s.is_finite() && verify_s > 0.0 && draft_s.is_finite() && draft_s >= 0.0;
-        let drafted = drafted.min(self.cfg.max_gamma);
+        let drafted = (verified + cut.len()).min(self.cfg.max_gamma);
         let verified = verified.min(drafted);
+        let accepted = accepted.min(verified);
         if drafted == 0 {
             self.plain_rounds += 1;
             self.timed_plain = true;
@@ -296,10 +321,19 @@ impl GammaPolicy {
             accepted_k.iter_mut().for_each(|a| *a *= d);
             drafted_k.iter_mut().for_each(|n| *n *= d);
             // Positions past the first rejection were never judged.
-            for k in 0..drafted.min(accepted + 1) {
+            for k in 0..verified.min(accepted + 1) {
                 drafted_k[k] += 1.0;
                 if k < accepted {
                     accepted_k[k] += 1.0;
+                }
+            }
+            if accepted == verified {
+                let mut reach = 1.0;
+                for k in verified..drafted {
+                    let c = f64::from(cut[k - verified]).clamp(0.0, 1.0);
+                    drafted_k[k] += reach;
+                    accepted_k[k] += reach * c;
+                    reach *= c;
                 }
             }
         }
@@ -325,239 +359,4 @@ impl GammaPolicy {
 }
 
 #[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    fn policy(max: usize) -> GammaPolicy {
-        GammaPolicy::new(GammaPolicyConfig::new(max)).expect("valid")
-    }
-
-    /// A policy after `rounds` rounds of its own choosing in which every draft is fully
-    /// accepted (`accept_all`) or fully rejected; a rejected drafter is made to draft at least
-    /// one token each round, so that it keeps being judged.
-    fn trained(max: usize, rounds: usize, accept_all: bool) -> GammaPolicy {
-        let mut p = policy(max);
-        for _ in 0..rounds {
-            let g = match accept_all {
-                true => p.choose(),
-                false => p.choose().max(1),
-            };
-            p.record(g, if accept_all { g } else { 0 }, 0.002, 0.03);
-        }
-        p
-    }
-
-    #[test]
-    fn expected_tokens_follow_the_acceptance_rates() {
-        let p = policy(4);
-        assert!((p.expected_tokens(0) - 1.0).abs() < 1e-12);
-        assert!((p.expected_tokens(2) - (1.0 + 2.0 / 3.0 + 4.0 / 9.0)).abs() < 1e-12);
-        assert!(p.choose() > 0, "a new generation starts by drafting");
-    }
-
-    #[test]
-    fn a_drafter_that_is_never_accepted_turns_speculation_off_then_is_probed() {
-        let mut p = trained(8, 30, false);
-        assert_eq!(p.choose(), 0);
-        for _ in 0..16 {
-            assert_eq!(p.choose(), 0);
-            p.record(0, 0, 0.0, 0.02);
-        }
-        assert_eq!(p.choose(), 1, "a probe after 16 plain rounds");
-        p.record(1, 0, 0.002, 0.026);
-        assert_eq!(p.choose(), 0);
-    }
-
-    #[test]
-    fn a_drafter_that_is_always_accepted_drafts_the_longest_block() {
-        assert_eq!(trained(8, 40, true).choose(), 8);
-    }
-
-    #[test]
-    fn the_verify_slope_is_learnt_from_plain_and_drafted_rounds() {
-        let mut p = policy(4);
-        assert!((p.verify_slope() - 0.3).abs() < 1e-12);
-        p.record(0, 0, 0.0, 0.020);
-        p.record(4, 1, 0.001, 0.060);
-        assert!(
-            (p.verify_slope() - 0.5).abs() < 1e-9,
-            "{}",
-            p.verify_slope()
-        );
-        assert!((p.cost(0) - 1.0).abs() < 1e-12);
-    }
-
-    /// Runs 40 rounds whose blocks are accepted up to the lengths in `cycle` (in turn),
-    /// with a one-token step of 4 ms and `per_token` seconds more per drafted token;
-    /// returns the choices and the policy.
-    fn run(cycle: &[usize], per_token: f64) -> (Vec<usize>, GammaPolicy) {
-        let mut p = policy(8);
-        let mut chosen = Vec::new();
-        for r in 0..40 {
-            let g = p.choose();
-            chosen.push(g);
-            p.record(
-                g,
-                g.min(cycle[r % cycle.len()]),
-                0.001,
-                0.004 + per_token * g as f64,
-            );
-        }
-        (chosen, p)
-    }
-
-    /// Where a verify costs little more than a step (a launch-bound GPU: 0.2 ms per drafted
-    /// token on 4 ms), the second round times a plain step, the slope learnt replaces the
-    /// CPU prior and blocks grow longer than where each token costs 0.3 steps; the timing
-    /// is taken once, and not again by a generation that inherits it.
-    #[test]
-    fn a_plain_round_times_the_step_once_and_frees_long_blocks() {
-        let cycle = [8, 2, 5, 1, 8, 3, 6, 0];
-        let (gpu, p) = run(&cycle, 0.0002);
-        assert_eq!(gpu[1], 0, "the second round is plain: {gpu:?}");
-        assert!(gpu[2..].iter().all(|g| *g > 0), "{gpu:?}");
-        assert!(
-            (p.verify_slope() - 0.05).abs() < 1e-9,
-            "{}",
-            p.verify_slope()
-        );
-        let (cpu, _) = run(&cycle, 0.0012);
-        let tail = |c: &[usize]| c[20..].iter().sum::<usize>();
-        assert!(tail(&gpu) > tail(&cpu), "gpu {gpu:?} cpu {cpu:?}");
-        let next = GammaPolicy::with_learnt(GammaPolicyConfig::new(8), &p.learnt()).expect("valid");
-        assert!(
-            !next.needs_step_timing(),
-            "an inherited step time is not measured again"
-        );
-        let mut untimed = policy(8);
-        untimed.record(4, 2, 0.001, 0.01);
-        assert_eq!(untimed.choose(), 0);
-        untimed.record(0, 0, 0.0, f64::NAN);
-        assert!(
-            untimed.choose() > 0,
-            "an untimed plain round is not repeated"
-        );
-    }
-
-    #[test]
-    fn invalid_settings_are_refused() {
-        let bad = |f: fn(&mut GammaPolicyConfig)| {
-            let mut c = GammaPolicyConfig::new(4);
-            f(&mut c);
-            GammaPolicy::new(c).is_err()
-        };
-        assert!(bad(|c| c.decay = 0.0));
-        assert!(bad(|c| c.decay = 1.5));
-        assert!(bad(|c| c.verify_slope = f64::NAN));
-        assert!(bad(|c| c.draft_cost = -1.0));
-    }
-
-    #[test]
-    fn a_new_generation_starts_from_what_the_last_one_learnt() {
-        let mut memory = Learnt::default();
-        memory.absorb(trained(8, 30, false).learnt());
-        let next = GammaPolicy::with_learnt(GammaPolicyConfig::new(8), &memory).expect("valid");
-        assert!(policy(8).choose() > 0, "without memory a generation drafts");
-        assert_eq!(
-            next.choose(),
-            0,
-            "a drafter never accepted is not tried again at once"
-        );
-        assert!(next.acceptance(1) < 0.3);
-        assert!(memory.drafted[0] <= CARRIED_ROUNDS + 1e-9);
-        memory.absorb(trained(8, 40, true).learnt());
-        let after = GammaPolicy::with_learnt(GammaPolicyConfig::new(4), &memory).expect("valid");
-        assert!(after.acceptance(1) > 0.6, "newer evidence outweighs older");
-        assert!(after.choose() > 0);
-    }
-
-    /// A generation hands on only what it observed: one that started from the memory and
-    /// drafted nothing halves the memory's evidence (so a drafter judged long ago is tried
-    /// again after a few such generations) instead of counting the inherited rounds again.
-    #[test]
-    fn a_generation_hands_on_only_its_own_evidence() {
-        let cfg = GammaPolicyConfig::new(8);
-        let mut memory = Learnt::default();
-        memory.absorb(trained(8, 30, false).learnt());
-        let before = memory.drafted[0];
-        let mut generations = 0;
-        loop {
-            let mut idle = GammaPolicy::with_learnt(cfg, &memory).expect("valid");
-            if idle.choose() > 0 {
-                break;
-            }
-            idle.record(0, 0, 0.0, 0.02);
-            memory.absorb(idle.learnt());
-            generations += 1;
-            if generations == 1 {
-                assert!(
-                    (memory.drafted[0] - before / 2.0).abs() < 1e-9,
-                    "{memory:?}"
-                );
-            }
-            assert!(
-                generations < 8,
-                "the drafter is never tried again: {memory:?}"
-            );
-        }
-        let mut judged = GammaPolicy::with_learnt(cfg, &memory).expect("valid");
-        judged.record(1, 1, 0.001, 0.03);
-        let own = judged.learnt();
-        assert_eq!((own.accepted[0], own.drafted[0]), (1.0, 1.0));
-        assert!(own.drafted[1..].iter().all(|n| *n == 0.0));
-    }
-
-    /// A cut token counts as not accepted (the rates stay those of whole blocks, so a
-    /// drafter whose confident tokens pass but whose blocks mostly get cut is not drafted
-    /// more for it), and the verify time is spread over the verified tokens only.
-    #[test]
-    fn cut_rounds_count_the_cut_as_rejected_and_time_what_was_verified() {
-        let mut cut = policy(8);
-        let mut whole = policy(8);
-        for p in [&mut cut, &mut whole] {
-            p.record(0, 0, 0.0, 0.02);
-        }
-        for _ in 0..20 {
-            cut.record_cut(8, 1, 1, 0.004, 0.026);
-            whole.record(1, 1, 0.004, 0.026);
-        }
-        assert!(cut.acceptance(2) < 0.2, "{}", cut.acceptance(2));
-        assert!(
-            whole.acceptance(2) > 0.6,
-            "position 2 was never judged whole"
-        );
-        assert!((cut.verify_slope() - whole.verify_slope()).abs() < 1e-12);
-        assert!(
-            (cut.verify_slope() - 0.3).abs() < 1e-6,
-            "{}",
-            cut.verify_slope()
-        );
-        let mut all_cut = policy(8);
-        all_cut.record(0, 0, 0.0, 0.02);
-        all_cut.record_cut(8, 0, 0, 0.004, 0.022);
-        assert!(all_cut.acceptance(1) < PRIOR_FIRST);
-        assert!(all_cut.verify_slope().is_finite());
-    }
-
-    proptest! {
-        #[test]
-        fn choices_stay_in_range_and_rates_in_the_unit_interval(
-            max in 0usize..10,
-            rounds in proptest::collection::vec((0usize..12, 0usize..12, 0.0f64..0.1, 0.0f64..0.2), 0..60),
-        ) {
-            let mut p = policy(max);
-            for (drafted, accepted, draft_s, verify_s) in rounds {
-                let g = p.choose();
-                prop_assert!(g <= max);
-                p.record(drafted.min(g), accepted.min(drafted.min(g)), draft_s, verify_s);
-            }
-            for k in 1..=max {
-                let a = p.acceptance(k);
-                prop_assert!(a > 0.0 && a < 1.0);
-            }
-            prop_assert!(p.expected_tokens(max) <= 1.0 + max as f64);
-        }
-    }
-}
+mod tests;

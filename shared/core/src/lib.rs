@@ -17,7 +17,7 @@ pub mod stopping;
 pub use ab::{AbError, ArmSummary, Comparison, Interval, PromptRun};
 pub use acceptance::{accept_greedy, accept_sampled, Verdict, Verification};
 pub use block::{accept_block, BlockPlan, ExpectedKept};
-pub use gamma::{GammaPolicy, GammaPolicyConfig, Learnt, CARRIED_ROUNDS};
+pub use gamma::{GammaPolicy, GammaPolicyConfig, Learnt, Observed, CARRIED_ROUNDS};
 pub use proposer::{
     DraftBlock, DraftSource, ProposeError, ProposeRequest, Proposer, ProposerSession,
 };

@@ -1,5 +1,5 @@
 //! The generation loop (Leviathan et al. 2023; Chen et al. 2023; the round of
-//! ARCHITECTURE.md). Plain decoding is the same loop with empty drafts: every round runs the
+//! docs/architecture.md). Plain decoding is the same loop with empty drafts: every round runs the
 //! anchor (the last token the target chose, not yet run) plus the drafted block through one
 //! target forward, keeps the accepted prefix and one token chosen by the target, rolls the KV
 //! cache back past the rejected tail and hands the proposer the snapshot rows of exactly the
@@ -13,7 +13,7 @@ use std::time::Instant;
 use candle_core::Tensor;
 use tandem_core::{
     accept_greedy, argmax, cut::cut_length, distribution, distribution_of, Chunk, DraftBlock,
-    ExpectedKept, FinishReason, GammaPolicy, GammaPolicyConfig, Output, Proposer, Sampler,
+    ExpectedKept, FinishReason, GammaPolicy, GammaPolicyConfig, Observed, Output, Proposer, Sampler,
     SamplingParams, SnapshotSpec, Verdict,
 };
 use tandem_gemma::{argmax_rows, LogitsMode, TopRow};
@@ -273,7 +273,7 @@ impl<'e> Generation<'e> {
         self.send_rows(&out, n, verdict.accepted + 1)?;
         let round = RoundStats {
             drafted: draft.tokens.len(),
-            cut,
+            cut: cut.len(),
             confidences: draft.confidences.clone(),
             calibrated: draft.calibrated,
             source: draft.source,
@@ -284,14 +284,13 @@ impl<'e> Generation<'e> {
         };
         self.stats.record(&round);
         if let Some(p) = &mut self.policy {
-            let drafted = round.drafted + round.cut;
-            p.record_cut(
-                drafted,
-                round.drafted,
-                round.accepted,
-                round.draft_s,
-                round.verify_s,
-            );
+            p.observe(&Observed {
+                verified: round.drafted,
+                accepted: round.accepted,
+                cut: &cut,
+                draft_s: round.draft_s,
+                verify_s: round.verify_s,
+            });
         }
         Ok((verdict.emitted(&draft.tokens), round))
     }
@@ -299,19 +298,17 @@ impl<'e> Generation<'e> {
     /// Cuts `draft` where its calibrated confidences stop paying for the verify rows they
     /// cost ([`cut_length`], with the costs the generation's adaptive policy measured);
     /// only adaptive generations that allow it cut, and only calibrated blocks. Returns
-    /// the number of tokens cut.
-    fn cut(&self, draft: &mut DraftBlock) -> usize {
+    /// the confidences of the tokens cut.
+    fn cut(&self, draft: &mut DraftBlock) -> Vec<f32> {
         let allowed = self.req.confidence_cuts && draft.calibrated;
         let Some(policy) = self.policy.as_ref().filter(|_| allowed) else {
-            return 0;
+            return Vec::new();
         };
         let fixed = 1.0 + policy.draft_cost();
         let keep = cut_length(&draft.confidences, fixed, policy.verify_slope());
-        let cut = draft.tokens.len() - keep;
         draft.tokens.truncate(keep);
-        draft.confidences.truncate(keep);
         draft.dists.truncate(keep);
-        cut
+        draft.confidences.split_off(keep)
     }
 
     /// Accepts a prefix of `draft` against the target logits of `out` and chooses the next
