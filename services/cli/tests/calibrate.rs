@@ -44,6 +44,18 @@ fn weighted_ece(report: &serde_json::Value) -> Vec<(f64, f64, f64)> {
         .collect()
 }
 
+/// Fails unless the report at `json` has two regimes and, in each, the held-out error of
+/// the model's tokens fell.
+fn assert_held_out_ece_falls(json: &Path) {
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(json).expect("report")).expect("json");
+    let regimes = weighted_ece(&report);
+    assert_eq!(regimes.len(), 2, "{report}");
+    for (t, before, after) in regimes {
+        assert!(after < before, "T {t}: held-out ECE {before} → {after}");
+    }
+}
+
 #[test]
 fn calibration_lowers_held_out_error_and_is_used_by_the_drafter() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -77,13 +89,7 @@ fn calibration_lowers_held_out_error_and_is_used_by_the_drafter() {
         png.to_str().expect("utf-8"),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("report")).expect("json");
-    let regimes = weighted_ece(&report);
-    assert_eq!(regimes.len(), 2, "{report}");
-    for (t, before, after) in regimes {
-        assert!(after < before, "T {t}: held-out ECE {before} → {after}");
-    }
+    assert_held_out_ece_falls(&json);
     let manifest = std::fs::read_to_string(dir.join("dspark.json")).expect("manifest");
     let manifest: serde_json::Value = serde_json::from_str(&manifest).expect("json");
     assert_eq!(manifest["calibration"]["file"], "calibration.json");
@@ -139,14 +145,20 @@ fn an_assistant_is_calibrated_beside_its_files() {
         .map(|i| {
             let mut ids = vec![2u32];
             ids.extend((0..4 + i % 5).map(|_| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 3 + (state >> 33) as u32 % 250
             }));
             ids
         })
         .collect();
     let prompts_file = tmp.path().join("prompts.json");
-    std::fs::write(&prompts_file, serde_json::to_string(&prompts).expect("json")).expect("write");
+    std::fs::write(
+        &prompts_file,
+        serde_json::to_string(&prompts).expect("json"),
+    )
+    .expect("write");
     let (json, target) = (
         tmp.path().join("report.json"),
         gemma4_fixtures().join("target_ple"),
@@ -169,13 +181,7 @@ fn an_assistant_is_calibrated_beside_its_files() {
         json.to_str().expect("utf-8"),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("report")).expect("json");
-    let regimes = weighted_ece(&report);
-    assert_eq!(regimes.len(), 2, "{report}");
-    for (t, before, after) in regimes {
-        assert!(after < before, "T {t}: held-out ECE {before} → {after}");
-    }
+    assert_held_out_ece_falls(&json);
     let cal = std::fs::read_to_string(dir.join("calibration.json")).expect("calibration");
     let cal: serde_json::Value = serde_json::from_str(&cal).expect("json");
     assert_eq!(cal["regimes"].as_array().map(Vec::len), Some(2), "{cal}");

@@ -263,7 +263,9 @@ fn calibrated_sessions_map_confidences_by_the_requests_regime() {
     let loaded = load_calibration(tmp.path()).unwrap().unwrap();
     assert_eq!(loaded, cal);
     for params in [SamplingParams::default(), sampled(0.9, None, 1.0)] {
-        let raw = session(ASSISTANTS[0], &params, &p).propose(&REQUEST).unwrap();
+        let raw = session(ASSISTANTS[0], &params, &p)
+            .propose(&REQUEST)
+            .unwrap();
         let mut s = proposer(ASSISTANTS[0])
             .with_calibration(Some(loaded.clone()))
             .open(&params)
@@ -280,7 +282,9 @@ fn calibrated_sessions_map_confidences_by_the_requests_regime() {
         assert_eq!(block.confidences, expected);
         assert_ne!(block.confidences, raw.confidences);
     }
-    let stale = cal.to_json().replacen("\"version\": 1", "\"version\": 7", 1);
+    let stale = cal
+        .to_json()
+        .replacen("\"version\": 1", "\"version\": 7", 1);
     std::fs::write(tmp.path().join("calibration.json"), stale).unwrap();
     let err = load_calibration(tmp.path()).unwrap_err().to_string();
     assert!(err.contains("run tandem calibrate again"), "{err}");

@@ -208,7 +208,7 @@ impl std::str::FromStr for Verification {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::sampling::SamplingParams;
     use proptest::prelude::*;
@@ -218,7 +218,8 @@ mod tests {
         move |i| p[i].clone()
     }
 
-    fn sampler(seed: u64) -> Sampler {
+    /// A sampler at temperature 1 over every token, seeded `seed`.
+    pub(crate) fn sampler(seed: u64) -> Sampler {
         Sampler::new(SamplingParams {
             temperature: 1.0,
             top_k: None,
@@ -228,7 +229,8 @@ mod tests {
         .expect("valid")
     }
 
-    fn dist(weights: &[f64]) -> SparseDist {
+    /// The distribution proportional to `weights` over ids `0..`, zero weights left out.
+    pub(crate) fn dist(weights: &[f64]) -> SparseDist {
         let total: f64 = weights.iter().sum();
         let (ids, probs) = weights
             .iter()

@@ -13,8 +13,8 @@ use std::time::Instant;
 use candle_core::Tensor;
 use tandem_core::{
     accept_greedy, argmax, cut::cut_length, distribution, distribution_of, Chunk, DraftBlock,
-    ExpectedKept, FinishReason, GammaPolicy, GammaPolicyConfig, Observed, Output, Proposer, Sampler,
-    SamplingParams, SnapshotSpec, Verdict,
+    ExpectedKept, FinishReason, GammaPolicy, GammaPolicyConfig, Observed, Output, Proposer,
+    Sampler, SamplingParams, SnapshotSpec, Verdict,
 };
 use tandem_gemma::{argmax_rows, LogitsMode, TopRow};
 use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};

@@ -5,12 +5,16 @@
 //! Tolerances: logits, hidden states and drafted-token logits within 1e-4 absolute (f32 on
 //! both sides; the measured worst is printed); token ids exactly.
 
+mod common;
+
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::{Device, Tensor};
+use common::gemma4::{anchor_rows, fixtures, prefill, rows};
+use common::max_abs_diff;
 use serde::Deserialize;
-use tandem_gemma::gemma4::{DonorKv, DraftRow, Gemma4, Gemma4Assistant, Gemma4Cache};
+use tandem_gemma::gemma4::{DonorKv, DraftRow, Gemma4, Gemma4Assistant};
 use tandem_gemma::{GemmaError, LogitsMode};
 
 const TOL: f32 = 1e-4;
@@ -44,10 +48,6 @@ struct DraftCase {
     next_hidden: Vec<Vec<f32>>,
 }
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gemma4")
-}
-
 fn golden() -> Golden {
     let text = std::fs::read_to_string(fixtures().join("golden.json")).expect("golden.json");
     serde_json::from_str(&text).expect("parse golden.json")
@@ -55,27 +55,6 @@ fn golden() -> Golden {
 
 fn target(name: &str) -> Gemma4 {
     Gemma4::load(&fixtures().join(name)).expect("load target")
-}
-
-fn max_diff(ours: &[f32], reference: &[f32]) -> f32 {
-    assert_eq!(ours.len(), reference.len());
-    ours.iter()
-        .zip(reference)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max)
-}
-
-fn rows(t: &Tensor) -> Vec<Vec<f32>> {
-    t.to_vec2::<f32>().expect("2-d f32")
-}
-
-fn prefill(model: &Gemma4, prompt: &[u32]) -> (Gemma4Cache, Vec<Vec<f32>>, Vec<Vec<f32>>) {
-    let mut cache = model.new_cache(64);
-    let out = model
-        .forward(prompt, 0, &mut cache, LogitsMode::All)
-        .expect("forward");
-    let logits = rows(out.logits.as_ref().expect("logits"));
-    (cache, logits, rows(&out.last_hidden))
 }
 
 fn argmax(row: &[f32]) -> u32 {
@@ -94,8 +73,8 @@ fn target_logits_and_hidden_match_transformers() {
     for name in ["target_ple", "target_keqv"] {
         let case = &golden.targets[name];
         let (_, logits, hidden) = prefill(&target(name), &case.prompt_ids);
-        let dl = max_diff(&logits.concat(), &case.logits.concat());
-        let dh = max_diff(&hidden.concat(), &case.last_hidden.concat());
+        let dl = max_abs_diff(&logits.concat(), &case.logits.concat());
+        let dh = max_abs_diff(&hidden.concat(), &case.last_hidden.concat());
         eprintln!("{name}: max |logit diff| {dl:.2e}, max |hidden diff| {dh:.2e}");
         assert!(dl < TOL && dh < TOL, "{name}: logits {dl}, hidden {dh}");
     }
@@ -171,17 +150,8 @@ fn check_assistant(name: &str, golden: &Golden) -> Vec<Vec<u32>> {
     let prompt = &golden.targets[&case.target].prompt_ids;
     let (cache, _, hidden) = prefill(&model, prompt);
     let assistant = Gemma4Assistant::load(&fixtures().join(name)).expect("load assistant");
-    let donors = cache.donors().expect("donors");
-    let draft_rows: Vec<DraftRow> = case
-        .drafts
-        .iter()
-        .map(|d| DraftRow {
-            token: prompt[d.anchor],
-            hidden: &hidden[d.anchor],
-            position: d.anchor,
-            donors,
-        })
-        .collect();
+    let anchors = case.drafts.iter().map(|d| d.anchor);
+    let draft_rows = anchor_rows(prompt, &hidden, anchors, cache.donors().expect("donors"));
     let steps = case.drafts[0].tokens.len();
     let drafts = assistant
         .draft(&model.embedding(), &draft_rows, steps)
@@ -193,8 +163,8 @@ fn check_assistant(name: &str, golden: &Golden) -> Vec<Vec<u32>> {
             "{name} anchor {}",
             reference.anchor
         );
-        dl = dl.max(max_diff(&ours.logits, &reference.winning_logits));
-        dh = dh.max(max_diff(
+        dl = dl.max(max_abs_diff(&ours.logits, &reference.winning_logits));
+        dh = dh.max(max_abs_diff(
             &ours.next_hidden.concat(),
             &reference.next_hidden.concat(),
         ));

@@ -6,13 +6,15 @@
 //! sampling setting against the one transformers' warpers make (same ids, probabilities
 //! within 1e-4; the measured worst is printed).
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+mod common;
 
+use std::collections::HashMap;
+
+use common::gemma4::{anchor_rows, fixtures, prefill};
+use common::max_abs_diff;
 use serde::Deserialize;
 use tandem_core::{distribution, SamplingParams, SparseDist};
-use tandem_gemma::gemma4::{DraftRow, Gemma4, Gemma4Assistant};
-use tandem_gemma::LogitsMode;
+use tandem_gemma::gemma4::{Gemma4, Gemma4Assistant};
 
 const TOL: f32 = 1e-4;
 
@@ -49,10 +51,6 @@ struct AnchorCase {
     dists: Vec<Vec<SparseDist>>,
 }
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gemma4")
-}
-
 fn read<T: for<'de> Deserialize<'de>>(name: &str) -> T {
     let text = std::fs::read_to_string(fixtures().join(name)).expect(name);
     serde_json::from_str(&text).expect(name)
@@ -62,21 +60,9 @@ fn read<T: for<'de> Deserialize<'de>>(name: &str) -> T {
 /// greedy tokens.
 fn teacher_forced(name: &str, prompt: &[u32], cases: &[AnchorCase]) -> Vec<Vec<Vec<f32>>> {
     let model = Gemma4::load(&fixtures().join("target_ple")).expect("load target");
-    let mut cache = model.new_cache(64);
-    let out = model
-        .forward(prompt, 0, &mut cache, LogitsMode::None)
-        .expect("forward");
-    let hidden = out.last_hidden.to_vec2::<f32>().expect("hidden");
-    let donors = cache.donors().expect("donors");
-    let rows: Vec<DraftRow> = cases
-        .iter()
-        .map(|c| DraftRow {
-            token: prompt[c.anchor],
-            hidden: &hidden[c.anchor],
-            position: c.anchor,
-            donors,
-        })
-        .collect();
+    let (cache, _, hidden) = prefill(&model, prompt);
+    let anchors = cases.iter().map(|c| c.anchor);
+    let rows = anchor_rows(prompt, &hidden, anchors, cache.donors().expect("donors"));
     let assistant = Gemma4Assistant::load(&fixtures().join(name)).expect("load assistant");
     let mut seen: Vec<Vec<Vec<f32>>> = vec![Vec::new(); cases.len()];
     let steps = cases[0].tokens.len();
@@ -87,14 +73,6 @@ fn teacher_forced(name: &str, prompt: &[u32], cases: &[AnchorCase]) -> Vec<Vec<V
         })
         .expect("draft");
     seen
-}
-
-fn max_diff(ours: &[f32], reference: &[f32]) -> f32 {
-    assert_eq!(ours.len(), reference.len());
-    ours.iter()
-        .zip(reference)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max)
 }
 
 /// The largest probability difference of two distributions over the same ids.
@@ -129,7 +107,7 @@ fn assistant_distributions_match_transformers() {
         for (case, logits) in cases.iter().zip(&ours) {
             assert_eq!(logits.len(), case.logits.len());
             for (step, row) in logits.iter().enumerate() {
-                dl = dl.max(max_diff(row, &case.logits[step]));
+                dl = dl.max(max_abs_diff(row, &case.logits[step]));
                 for (s, setting) in golden.settings.iter().enumerate() {
                     let params = SamplingParams {
                         temperature: setting.temperature,

@@ -6,29 +6,9 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 
 use super::*;
+use crate::acceptance::tests::{dist, sampler};
 use crate::acceptance::{accept_sampled, weighted_residual};
 use crate::sampling::{distribution, SamplingParams};
-
-fn sampler(seed: u64) -> Sampler {
-    Sampler::new(SamplingParams {
-        temperature: 1.0,
-        top_k: None,
-        top_p: 1.0,
-        seed,
-    })
-    .expect("valid")
-}
-
-fn dist(weights: &[f64]) -> SparseDist {
-    let total: f64 = weights.iter().sum();
-    let (ids, probs) = weights
-        .iter()
-        .enumerate()
-        .filter(|(_, w)| **w > 0.0)
-        .map(|(i, w)| (i as u32, (w / total) as f32))
-        .unzip();
-    SparseDist { ids, probs }
-}
 
 /// A Markov chain over a small vocabulary: the distribution after each token.
 type Chain = Vec<SparseDist>;

@@ -211,7 +211,11 @@ fn cut_rounds_count_the_cut_by_confidence_and_time_what_was_verified() {
     }
     // 0.1 pulled up by a prior of 3 rounds centred on position 1 (about 1).
     assert!(cut.acceptance(2) < 0.3, "{}", cut.acceptance(2));
-    assert!(cut.acceptance(3) < cut.acceptance(2), "{}", cut.acceptance(3));
+    assert!(
+        cut.acceptance(3) < cut.acceptance(2),
+        "{}",
+        cut.acceptance(3)
+    );
     assert!(
         whole.acceptance(2) > 0.6,
         "position 2 was never judged whole"
@@ -234,8 +238,14 @@ fn cut_rounds_count_the_cut_by_confidence_and_time_what_was_verified() {
         rejected.observe(&cut_round(2, 1, &[0.95; 6]));
     }
     assert!(rejected.acceptance(2) < 0.2, "{}", rejected.acceptance(2));
-    let never_judged = rejected.acceptances().skip(2).all(|a| a <= rejected.acceptance(2));
-    assert!(never_judged, "a rejection ends what was judged: the cut tail adds nothing");
+    let never_judged = rejected
+        .acceptances()
+        .skip(2)
+        .all(|a| a <= rejected.acceptance(2));
+    assert!(
+        never_judged,
+        "a rejection ends what was judged: the cut tail adds nothing"
+    );
     let mut all_cut = policy(8);
     all_cut.record(0, 0, 0.0, 0.02);
     all_cut.observe(&cut_round(0, 0, &[0.01; 8]));

@@ -9,6 +9,8 @@ use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use tandem_gemma::{hf_config_json, ForwardOptions, Gemma3, GemmaConfig, KvCache, LogitsMode};
 
+pub mod gemma4;
+
 /// A tiny config: 6 layers (5 sliding : 1 full, as Gemma 3), GQA 4:2, window 6.
 pub fn tiny_config() -> GemmaConfig {
     GemmaConfig {
