@@ -134,12 +134,18 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
     let (calibration, sources) = fit(&rounds, &a.temperatures);
     print_table(&sources);
     if !a.dry_run {
-        let saved: Result<()> = match assistant {
-            true => tandem_assistant::save_calibration(&dir, &calibration).map_err(Into::into),
-            false => tandem_dspark::attach_calibration(&dir, &calibration).map_err(Into::into),
+        let (saved, file): (Result<()>, _) = match assistant {
+            true => (
+                tandem_assistant::save_calibration(&dir, &calibration).map_err(Into::into),
+                tandem_assistant::CALIBRATION,
+            ),
+            false => (
+                tandem_dspark::attach_calibration(&dir, &calibration).map_err(Into::into),
+                tandem_dspark::CALIBRATION,
+            ),
         };
         saved.with_context(|| format!("saving the calibration into {}", dir.display()))?;
-        eprintln!("saved {}", dir.join("calibration.json").display());
+        eprintln!("saved {}", dir.join(file).display());
     }
     if let Some(png) = &a.png {
         reliability::draw(png, &sources).with_context(|| format!("drawing {}", png.display()))?;
