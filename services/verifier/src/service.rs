@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tandem_core::{FinishReason, Proposer, Verification};
-use tandem_engine::{Engine, GenerationRequest, Outcome, Update};
+use tandem_engine::{drafting_gamma, Engine, GenerationRequest, Outcome, Plan, Update};
 use tandem_proto::codec::{sampling_from_pb, verification_from_pb};
 use tandem_proto::v1 as pb;
 use tokio::sync::mpsc;
@@ -97,24 +97,14 @@ impl pb::generation_server::Generation for GenerationService {
     ) -> Result<Response<GenerateStream>, Status> {
         let started = Instant::now();
         let inner = Arc::clone(&self.inner);
-        let (req, speculative) = inner.parse(request.into_inner()).inspect_err(|e| {
+        let (plan, proposer) = inner.plan(request.into_inner()).inspect_err(|e| {
             tracing::debug!("refused: {e}");
         })?;
-        let proposer = inner
-            .pool
-            .clone()
-            .filter(|p| speculative && p.max_gamma() > 0);
-        let gamma = proposer
-            .as_ref()
-            .map_or(0, |p| req.gamma.min(p.max_gamma()));
-        let permit = inner
-            .admission
-            .admit(inner.engine.cache_bytes(&req, gamma))
-            .await?;
+        let permit = inner.admission.admit(plan.cache_bytes()).await?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            inner.run(&req, proposer.as_deref(), &tx, started);
+            inner.run(&plan, proposer.as_deref(), &tx, started);
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -132,15 +122,37 @@ impl pb::generation_server::Generation for GenerationService {
             num_layers: cfg.num_layers as u32,
             max_context: cfg.max_context as u32,
             speculative: pool.is_some_and(|p| p.max_gamma() > 0),
-            max_gamma: pool.map_or(0, |p| self.inner.cfg.gamma.min(p.max_gamma())) as u32,
+            max_gamma: self.inner.drafting_cap() as u32,
             drafters: pool.map_or_else(Vec::new, |p| p.endpoints().to_vec()),
         }))
     }
 }
 
 impl Inner {
-    /// A request as the engine takes it, and whether it asks for speculation.
-    fn parse(&self, r: pb::GenerateRequest) -> Result<(GenerationRequest, bool), VerifierError> {
+    /// Most tokens a round drafts through the pool: the server's γ within what the
+    /// drafters agree on (0 without drafters).
+    fn drafting_cap(&self) -> usize {
+        self.pool
+            .as_ref()
+            .map_or(0, |p| drafting_gamma(self.cfg.gamma, p.max_gamma()))
+    }
+
+    /// The request checked and planned once, with the pool when it drafts.
+    fn plan(
+        &self,
+        r: pb::GenerateRequest,
+    ) -> Result<(Plan, Option<Arc<DrafterPool>>), VerifierError> {
+        let speculative = r.speculative.unwrap_or(true);
+        let request = self.request(r)?;
+        let cap = if speculative { self.drafting_cap() } else { 0 };
+        let plan = self.engine.plan(request, cap)?;
+        let pool = self.pool.clone().filter(|_| plan.gamma() > 0);
+        Ok((plan, pool))
+    }
+
+    /// A wire request as the engine takes it, with this server's defaults; the checks that
+    /// need the target are the plan's.
+    fn request(&self, r: pb::GenerateRequest) -> Result<GenerationRequest, VerifierError> {
         let invalid = |m: String| VerifierError::InvalidArgument(m);
         let verification = verification_from_pb(r.verification(), self.cfg.verification);
         let prompt = match r.prompt {
@@ -156,48 +168,30 @@ impl Inner {
                 ))
             }
         };
-        let sampling = sampling_from_pb(r.sampling.as_ref());
-        sampling.validate().map_err(|e| invalid(e.to_string()))?;
-        let max_tokens = r
-            .max_tokens
-            .map_or(self.cfg.default_max_tokens, |m| m as usize);
-        let context = self.engine.model().facts().max_context;
-        if max_tokens == 0 {
-            return Err(invalid("max_tokens must be at least 1".into()));
-        }
-        if prompt.len() + max_tokens > context {
-            return Err(invalid(format!(
-                "prompt ({} tokens) + max_tokens ({max_tokens}) exceeds the context limit of {context}",
-                prompt.len()
-            )));
-        }
         if r.stop.len() > MAX_STOPS || r.stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
             return Err(invalid(format!(
                 "at most {MAX_STOPS} stop strings of {MAX_STOP_BYTES} bytes each"
             )));
         }
-        let gamma = r
-            .max_gamma
-            .map_or(self.cfg.gamma, |g| self.cfg.gamma.min(g as usize));
-        let req = GenerationRequest {
+        Ok(GenerationRequest {
             prompt,
-            max_tokens,
-            sampling,
+            max_tokens: r
+                .max_tokens
+                .map_or(self.cfg.default_max_tokens, |m| m as usize),
+            sampling: sampling_from_pb(r.sampling.as_ref()),
             stop_strings: r.stop,
             ignore_eos: r.ignore_eos,
-            gamma,
+            gamma: r.max_gamma.map_or(self.cfg.gamma, |g| g as usize),
             adaptive_gamma: self.cfg.adaptive_gamma,
             verification,
             confidence_cuts: r.confidence_cuts.unwrap_or(self.cfg.confidence_cuts),
-        };
-        self.engine.check(&req)?;
-        Ok((req, r.speculative.unwrap_or(true) && gamma > 0))
+        })
     }
 
     /// Runs one admitted generation, streaming into `tx`.
     fn run(
         &self,
-        req: &GenerationRequest,
+        plan: &Plan,
         proposer: Option<&DrafterPool>,
         tx: &mpsc::Sender<Result<pb::GenerateResponse, Status>>,
         started: Instant,
@@ -208,8 +202,8 @@ impl Inner {
             started,
             last: None,
         };
-        let result = self.engine.generate(
-            req,
+        let result = self.engine.run(
+            plan,
             proposer.map(|p| p as &dyn Proposer),
             &mut |u: &Update| {
                 if let Some(r) = &u.round {

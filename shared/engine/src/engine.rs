@@ -22,6 +22,7 @@ use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
 use crate::drafting::Drafting;
 use crate::error::{EngineError, Result};
 use crate::memory::PolicyMemory;
+use crate::plan::{proposer_gamma, Plan};
 use crate::request::GenerationRequest;
 use crate::stats::{RoundStats, SpecStats, Timing};
 use crate::target::{Target, TargetSequence, TargetStep};
@@ -84,18 +85,35 @@ impl Engine {
         &self.tokenizer
     }
 
-    /// Runs one generation, speculatively when `proposer` is given and `req.gamma > 0`.
+    /// Checks `req` against the target and plans it for a proposer drafting at most
+    /// `max_gamma` tokens a round (0: plain decoding).
+    pub fn plan(&self, req: GenerationRequest, max_gamma: usize) -> Result<Plan> {
+        Plan::new(req, &self.model.facts(), max_gamma)
+    }
+
+    /// Plans `req` for `proposer` and runs it ([`Self::plan`], then [`Self::run`]).
     pub fn generate(
         &self,
         req: &GenerationRequest,
         proposer: Option<&dyn Proposer>,
         sink: &mut Sink<'_>,
     ) -> Result<Outcome> {
-        self.check(req)?;
-        let mut run = Generation::start(self, req, proposer)?;
+        let plan = self.plan(req.clone(), proposer_gamma(proposer))?;
+        self.run(&plan, proposer, sink)
+    }
+
+    /// Runs one planned generation, speculatively when `proposer` is given and the plan
+    /// drafts.
+    pub fn run(
+        &self,
+        plan: &Plan,
+        proposer: Option<&dyn Proposer>,
+        sink: &mut Sink<'_>,
+    ) -> Result<Outcome> {
+        let mut run = Generation::start(self, plan, proposer)?;
         run.run(sink)?;
         if let Some(policy) = &run.policy {
-            self.memory.record(&req.sampling, policy);
+            self.memory.record(&plan.request().sampling, policy);
         }
         Ok(run.outcome())
     }
@@ -111,37 +129,6 @@ impl Engine {
         self.memory
             .policy(GammaPolicyConfig::new(max_gamma), sampling)
             .map_err(EngineError::InvalidRequest)
-    }
-
-    /// Checks `req` against the model (vocabulary, context length) without running it.
-    pub fn check(&self, req: &GenerationRequest) -> Result<()> {
-        req.validate()?;
-        self.check_prompt(&req.prompt)
-    }
-
-    /// Most KV-cache bytes `req` can hold while it runs with blocks of up to `gamma` drafted
-    /// tokens (the cache grows as positions commit; this is its ceiling).
-    pub fn cache_bytes(&self, req: &GenerationRequest, gamma: usize) -> usize {
-        let facts = self.model.facts();
-        cache_positions(req, gamma, facts.max_context) * facts.kv_bytes_per_position
-    }
-
-    fn check_prompt(&self, prompt: &[u32]) -> Result<()> {
-        let cfg = self.model.facts();
-        if let Some(t) = prompt.iter().find(|t| **t as usize >= cfg.vocab_size) {
-            return Err(EngineError::InvalidRequest(format!(
-                "prompt token {t} is outside the vocabulary of {}",
-                cfg.vocab_size
-            )));
-        }
-        if prompt.len() >= cfg.max_context {
-            return Err(EngineError::InvalidRequest(format!(
-                "the prompt has {} tokens; the model's context is {}",
-                prompt.len(),
-                cfg.max_context
-            )));
-        }
-        Ok(())
     }
 }
 
@@ -164,11 +151,11 @@ struct Generation<'e> {
 impl<'e> Generation<'e> {
     fn start(
         engine: &'e Engine,
-        req: &'e GenerationRequest,
+        plan: &'e Plan,
         proposer: Option<&dyn Proposer>,
     ) -> Result<Self> {
         let started = Instant::now();
-        let gamma = proposer.map_or(0, |p| req.gamma.min(p.max_gamma()));
+        let (req, gamma) = (plan.request(), plan.gamma());
         let mut stats = SpecStats::default();
         let drafting = match proposer {
             Some(p) if gamma > 0 => {
@@ -183,9 +170,7 @@ impl<'e> Generation<'e> {
         let facts = engine.model.facts();
         Ok(Self {
             req,
-            cache: engine
-                .model
-                .start(cache_positions(req, gamma, facts.max_context)),
+            cache: engine.model.start(plan.cache_positions()),
             vocab: facts.vocab_size,
             sampler: Sampler::new(req.sampling)?,
             output: Output::new(req.stop_config(engine.tokenizer.stop_ids())),
@@ -415,12 +400,6 @@ impl<'e> Generation<'e> {
             timing: self.timing,
         }
     }
-}
-
-/// Positions a generation's cache may need: the prompt, every new token and one block of
-/// drafts beyond them, within the model's context.
-fn cache_positions(req: &GenerationRequest, gamma: usize, max_context: usize) -> usize {
-    (req.prompt.len() + req.max_tokens + gamma + 1).min(max_context)
 }
 
 /// The first `rows` rows of a `[m, vocab]` logits tensor.

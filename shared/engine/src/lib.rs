@@ -6,12 +6,14 @@ mod drafting;
 mod engine;
 mod error;
 mod memory;
+mod plan;
 mod request;
 mod stats;
 mod target;
 
 pub use engine::{Engine, Outcome, Sink, Update};
 pub use error::{EngineError, Result};
+pub use plan::{drafting_gamma, proposer_gamma, Plan};
 pub use request::GenerationRequest;
 pub use stats::{RoundStats, SpecStats, Timing};
 pub use target::{Gemma4Target, Target, TargetFacts, TargetSequence, TargetStep};
