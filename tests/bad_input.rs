@@ -270,13 +270,11 @@ async fn a_verifier_refuses_a_drafter_made_for_another_target() {
         embedding_hash: "f".repeat(64),
     };
     let d = start_drafter_on("127.0.0.1", random_drafter() as Arc<dyn Proposer>, other).await;
-    let registry = Arc::new(tandem_telemetry::Registry::new());
-    let metrics = Arc::new(tandem_verifier::VerifierMetrics::new(&registry, 8));
-    let mut setup = VerifierSetup {
+    let setup = VerifierSetup {
         drafters: vec![d.url.clone()],
         ..Default::default()
     };
-    let err = pool(&mut setup, &metrics).await.err().expect("refused");
+    let err = build_verifier(engine(), setup).await.err().expect("refused");
     let msg = err.to_string();
     assert!(
         msg.contains("another target") && msg.contains(&d.url),

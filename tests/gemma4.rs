@@ -23,7 +23,6 @@ use tandem_gemma::gemma4::Gemma4;
 use tandem_proto::spec::spec_to_pb;
 use tandem_proto::v1 as pb;
 use tandem_tokenizer::GemmaTokenizer;
-use tandem_verifier::VerifierMetrics;
 
 const NEW_TOKENS: u32 = 32;
 
@@ -92,7 +91,7 @@ async fn assistant_speculation_over_grpc_equals_plain() {
         drafters: vec![d.url.clone()],
         ..Default::default()
     };
-    let v = start_verifier_for(engine.clone(), target, setup).await;
+    let v = start_verifier_for(engine.clone(), setup).await;
     let (mut drafted, mut accepted) = (0, 0);
     for ids in prompts() {
         let (spec_ids, _, f) = generate(&v.url, id_request(&ids, true)).await.unwrap();
@@ -169,16 +168,11 @@ async fn drafters_whose_snapshot_does_not_fit_are_refused() {
     for (spec, needle) in cases {
         let d =
             start_drafter_kind("127.0.0.1", Arc::new(Declares(spec)), target.clone(), "x").await;
-        let mut setup = VerifierSetup {
+        let setup = VerifierSetup {
             drafters: vec![d.url.clone()],
             ..Default::default()
         };
-        let registry = Arc::new(tandem_telemetry::Registry::new());
-        let metrics = Arc::new(VerifierMetrics::new(&registry, 8));
-        let err = pool_for(&engine, target.clone(), &mut setup, &metrics)
-            .await
-            .err()
-            .unwrap();
+        let err = build_verifier(engine.clone(), setup).await.err().unwrap();
         let msg = err.to_string();
         assert!(
             msg.contains("does not fit the target") && msg.contains(needle),

@@ -10,20 +10,15 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tandem_core::Proposer;
-use tandem_drafter::{DrafterConfig, DrafterMetrics, DrafterService};
+use tandem_drafter::{Drafter, DrafterConfig};
 use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
 use tandem_engine::Engine;
 use tandem_gemma::Gemma3;
 use tandem_proto::v1 as pb;
-use tandem_telemetry::Registry;
+use tandem_serving::{Listeners, Running};
 use tandem_tokenizer::GemmaTokenizer;
-use tandem_verifier::{
-    Admission, DrafterPool, GenerationService, PoolConfig, Resolve, SessionOptions, VerifierConfig,
-    VerifierMetrics,
-};
+use tandem_verifier::{Resolve, Verifier, VerifierSettings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 pub fn models_dir() -> PathBuf {
     std::env::var_os("TANDEM_MODELS_DIR")
@@ -81,43 +76,41 @@ pub fn random_drafter() -> Arc<DsparkProposer> {
         .clone()
 }
 
-/// A running server.
+/// A running server; stops when dropped.
 pub struct Node {
     /// gRPC endpoint, `http://127.0.0.1:port`.
     pub url: String,
     /// /metrics address.
     pub metrics: SocketAddr,
-    stop: watch::Sender<bool>,
+    running: Running,
 }
 
 impl Node {
     /// Asks the server to shut down.
     pub fn stop(&self) {
-        let _ = self.stop.send(true);
+        self.running.stop();
+    }
+
+    /// Waits until `running` reports SERVING.
+    async fn ready(running: Running) -> Node {
+        running
+            .wait_serving(Duration::from_secs(60))
+            .await
+            .expect("SERVING");
+        Node {
+            url: running.url(),
+            metrics: running.metrics,
+            running,
+        }
     }
 }
 
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-pub async fn listeners(host: &str) -> (TcpListener, TcpListener) {
-    (
-        TcpListener::bind(format!("{host}:0")).await.unwrap(),
-        TcpListener::bind("127.0.0.1:0").await.unwrap(),
-    )
-}
-
-pub fn stopper() -> (
-    watch::Sender<bool>,
-    impl std::future::Future<Output = ()> + Send + 'static,
-) {
-    let (tx, mut rx) = watch::channel(false);
-    (tx, async move {
-        let _ = rx.wait_for(|s| *s).await;
-    })
+/// A gRPC listener on `host` (an IP) and a metrics listener on 127.0.0.1, ports the OS picks.
+pub async fn listeners(host: &str) -> Listeners {
+    let any = |h: &str| SocketAddr::new(h.parse().expect("an IP"), 0);
+    Listeners::bind(any(host), any("127.0.0.1"))
+        .await
+        .expect("listeners")
 }
 
 /// Starts a drafter serving `proposer` as a drafter for `target` on `host` (an IP).
@@ -136,28 +129,13 @@ pub async fn start_drafter_kind(
     target: pb::TargetIdentity,
     kind: &str,
 ) -> Node {
-    let (grpc, metrics) = listeners(host).await;
-    let (url, metrics_addr) = (
-        format!("http://{}", grpc.local_addr().unwrap()),
-        metrics.local_addr().unwrap(),
-    );
-    let registry = Arc::new(Registry::new());
     let cfg = DrafterConfig {
         target,
         kind: kind.into(),
         max_sessions: 64,
     };
-    let service = DrafterService::new(proposer, cfg, DrafterMetrics::new(Arc::clone(&registry)));
-    let (stop, shutdown) = stopper();
-    tokio::spawn(tandem_drafter::serve(
-        service, registry, grpc, metrics, shutdown,
-    ));
-    wait_serving(&url).await;
-    Node {
-        url,
-        metrics: metrics_addr,
-        stop,
-    }
+    let drafter = Drafter::new(proposer, cfg);
+    Node::ready(drafter.spawn(listeners(host).await).expect("spawn")).await
 }
 
 /// Starts a drafter with the random DSpark drafter for the real target on 127.0.0.1.
@@ -186,122 +164,49 @@ impl Default for VerifierSetup {
     }
 }
 
-/// Builds the verifier's drafter pool for the real target (refreshed once).
-pub async fn pool(
-    setup: &mut VerifierSetup,
-    metrics: &Arc<VerifierMetrics>,
-) -> Result<Arc<DrafterPool>, tandem_verifier::VerifierError> {
-    pool_for(&engine(), target(), setup, metrics).await
-}
-
-/// Builds a drafter pool for `engine`'s target, named `target` on the wire.
-pub async fn pool_for(
-    engine: &Engine,
-    target: pb::TargetIdentity,
-    setup: &mut VerifierSetup,
-    metrics: &Arc<VerifierMetrics>,
-) -> Result<Arc<DrafterPool>, tandem_verifier::VerifierError> {
-    let pool_cfg = PoolConfig {
-        endpoints: setup.drafters.clone(),
-        session: SessionOptions {
-            target,
-            // These tests check outputs and counts, not latency: a draft on a loaded
-            // two-core CI machine (eight sessions, two drafters) has taken over 10 s.
-            open_timeout: Duration::from_secs(60),
-            propose_timeout: Duration::from_secs(120),
-            dtype: pb::Dtype::Bf16,
-        },
-        snapshot: engine.model().snapshot_support(),
+/// Assembles a verifier over `engine` as `setup` says (contacting its drafters once).
+pub async fn build_verifier(
+    engine: Engine,
+    setup: VerifierSetup,
+) -> Result<Verifier, tandem_verifier::VerifierError> {
+    let settings = VerifierSettings {
+        gamma: setup.gamma,
+        adaptive_gamma: false,
+        default_max_tokens: 64,
+        max_concurrent: setup.max_concurrent,
+        kv_cache_bytes: 1 << 30,
+        drafters: setup.drafters,
+        drafter_refresh: setup.refresh,
+        // These tests check outputs and counts, not latency: a draft on a loaded
+        // two-core CI machine (eight sessions, two drafters) has taken over 10 s.
+        open_timeout: Duration::from_secs(60),
+        propose_timeout: Duration::from_secs(120),
+        ..VerifierSettings::default()
     };
-    let mut pool = DrafterPool::new(
-        pool_cfg,
-        Arc::clone(metrics),
-        tokio::runtime::Handle::current(),
-    )?;
-    if let Some(r) = setup.resolver.take() {
-        pool = pool.with_resolver(r);
+    let mut builder = Verifier::builder(engine, settings);
+    if let Some(r) = setup.resolver {
+        builder = builder.resolver(r);
     }
-    let pool = Arc::new(pool);
-    pool.refresh().await?;
-    if let Some(every) = setup.refresh {
-        pool.spawn_refresh(every);
-    }
-    Ok(pool)
+    builder.build().await
 }
 
 /// Starts a verifier over the real target.
 pub async fn start_verifier(setup: VerifierSetup) -> Node {
-    start_verifier_for(engine(), target(), setup).await
+    start_verifier_for(engine(), setup).await
 }
 
-/// Starts a verifier over `engine`, whose target is `target` on the wire.
-pub async fn start_verifier_for(
-    engine: Engine,
-    target: pb::TargetIdentity,
-    mut setup: VerifierSetup,
-) -> Node {
-    let (grpc, metrics) = listeners("127.0.0.1").await;
-    let (url, metrics_addr) = (
-        format!("http://{}", grpc.local_addr().unwrap()),
-        metrics.local_addr().unwrap(),
-    );
-    let registry = Arc::new(Registry::new());
-    let m = Arc::new(VerifierMetrics::new(&registry, setup.gamma));
-    let pool = if setup.drafters.is_empty() {
-        None
-    } else {
-        Some(
-            pool_for(&engine, target.clone(), &mut setup, &m)
-                .await
-                .expect("pool"),
-        )
-    };
-    let admission = Admission::new(setup.max_concurrent, 1 << 30, Arc::clone(&m));
-    let cfg = VerifierConfig {
-        gamma: setup.gamma,
-        adaptive_gamma: false,
-        verification: Default::default(),
-        confidence_cuts: true,
-        default_max_tokens: 64,
-        target,
-    };
-    let service = GenerationService::new(engine, pool, cfg, m, admission);
-    let (stop, shutdown) = stopper();
-    tokio::spawn(tandem_verifier::serve(
-        service, registry, grpc, metrics, shutdown,
-    ));
-    wait_serving(&url).await;
-    Node {
-        url,
-        metrics: metrics_addr,
-        stop,
-    }
+/// Starts a verifier over `engine`.
+pub async fn start_verifier_for(engine: Engine, setup: VerifierSetup) -> Node {
+    let verifier = build_verifier(engine, setup).await.expect("verifier");
+    let running = verifier
+        .spawn(listeners("127.0.0.1").await)
+        .expect("spawn");
+    Node::ready(running).await
 }
 
-/// The health status of the server at `url` ("" service).
+/// The health status of the server at `url` ("" service), -1 when it does not answer.
 pub async fn health(url: &str) -> i32 {
-    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
-    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
-        .unwrap()
-        .connect_lazy();
-    HealthClient::new(channel)
-        .check(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .map_or(-1, |r| r.into_inner().status)
-}
-
-/// Waits until the server at `url` reports SERVING.
-pub async fn wait_serving(url: &str) {
-    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
-    for _ in 0..600 {
-        if health(url).await == serving {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{url} never became SERVING");
+    tandem_serving::health(url).await.map_or(-1, |s| s as i32)
 }
 
 /// Fetches and parses a /metrics page: series (name with labels) → value. Panics on a line

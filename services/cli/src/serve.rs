@@ -2,21 +2,15 @@
 //! of the design, configured by flags or the environment, running until Ctrl-C or SIGTERM.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Result};
 use clap::Args;
 use tandem_core::Verification;
-use tandem_drafter::{DrafterConfig, DrafterMetrics, DrafterService};
-use tandem_gemma::TargetIdentity;
+use tandem_drafter::{Drafter, DrafterConfig};
 use tandem_proto::v1 as pb;
-use tandem_telemetry::Registry;
-use tandem_verifier::{
-    Admission, DrafterPool, GenerationService, PoolConfig, SessionOptions, VerifierConfig,
-    VerifierMetrics,
-};
-use tokio::net::TcpListener;
+use tandem_serving::Listeners;
+use tandem_verifier::{Verifier, VerifierSettings};
 
 use crate::drafter::DrafterArgs;
 use crate::generate::load_engine;
@@ -110,16 +104,34 @@ impl Default for DrafterOptions {
 impl VerifierOptions {
     /// The defaults of the flags, with `gamma` and `adaptive_gamma` given.
     pub(crate) fn fixed(gamma: usize, adaptive_gamma: bool) -> Self {
+        let d = VerifierSettings::default();
         Self {
             gamma,
             adaptive_gamma,
-            verification: Verification::default(),
-            confidence_cuts: true,
-            max_concurrent: 4,
-            kv_cache_bytes: 4 << 30,
-            default_max_tokens: 256,
+            verification: d.verification,
+            confidence_cuts: d.confidence_cuts,
+            max_concurrent: d.max_concurrent,
+            kv_cache_bytes: d.kv_cache_bytes,
+            default_max_tokens: d.default_max_tokens,
             drafter_refresh_seconds: 10,
             propose_timeout_ms: 2000,
+        }
+    }
+
+    /// The verifier's settings, drafting through `drafters`.
+    pub(crate) fn settings(&self, drafters: Vec<String>) -> VerifierSettings {
+        VerifierSettings {
+            gamma: self.gamma,
+            adaptive_gamma: self.adaptive_gamma,
+            verification: self.verification,
+            confidence_cuts: self.confidence_cuts,
+            default_max_tokens: self.default_max_tokens,
+            max_concurrent: self.max_concurrent,
+            kv_cache_bytes: self.kv_cache_bytes,
+            drafters,
+            drafter_refresh: Some(Duration::from_secs(self.drafter_refresh_seconds)),
+            propose_timeout: Duration::from_millis(self.propose_timeout_ms),
+            ..VerifierSettings::default()
         }
     }
 }
@@ -155,17 +167,9 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-fn identity_pb(t: &TargetIdentity) -> pb::TargetIdentity {
-    pb::TargetIdentity {
-        architecture: t.architecture.clone(),
-        embedding_hash: t.embedding_hash.clone(),
-    }
-}
-
-async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr} ({what})"))
+/// Binds a gRPC and a metrics listener.
+pub(crate) async fn listen(grpc: SocketAddr, metrics: SocketAddr) -> Result<Listeners> {
+    Listeners::bind(grpc, metrics).await.map_err(|e| anyhow!("{e}"))
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -188,139 +192,79 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-pub(crate) fn drafter_service(
+/// The drafter `drafter` names, assembled.
+pub(crate) fn drafter_server(
     drafter: &DrafterArgs,
     models: &ModelArgs,
     opts: &DrafterOptions,
-) -> Result<(DrafterService, Arc<Registry>)> {
+) -> Result<Drafter> {
     let loaded = drafter.load_any(models, None)?;
     if drafter.drafter == "random" {
         eprintln!("tandem: drafter is randomly initialised (--drafter random): output is exact, acceptance near zero");
     }
-    let registry = Arc::new(Registry::new());
     let cfg = DrafterConfig {
-        target: identity_pb(&loaded.target),
+        target: pb::TargetIdentity {
+            architecture: loaded.target.architecture,
+            embedding_hash: loaded.target.embedding_hash,
+        },
         kind: loaded.kind.into(),
         max_sessions: opts.max_sessions,
     };
-    let metrics = DrafterMetrics::new(Arc::clone(&registry));
-    let service = DrafterService::new(loaded.proposer, cfg, metrics);
-    Ok((service, registry))
+    Ok(Drafter::new(loaded.proposer, cfg))
 }
 
 /// `tandem drafter`.
 pub fn drafter(a: DrafterServeArgs) -> Result<()> {
-    let (service, registry) = drafter_service(&a.drafter, &a.models, &a.opts)?;
+    let drafter = drafter_server(&a.drafter, &a.models, &a.opts)?;
     runtime()?.block_on(async move {
-        let grpc = bind(a.listen, "gRPC").await?;
-        let metrics = bind(a.metrics_listen, "metrics").await?;
-        tandem_drafter::serve(service, registry, grpc, metrics, shutdown_signal())
+        let listeners = listen(a.listen, a.metrics_listen).await?;
+        drafter
+            .serve(listeners, shutdown_signal())
             .await
-            .map_err(|e| anyhow::anyhow!("{e}"))
+            .map_err(|e| anyhow!("{e}"))
     })
 }
 
-pub(crate) async fn verifier_service(
+/// The verifier over the `--model` target, drafting through `drafters`, assembled.
+pub(crate) async fn verifier_server(
     models: &ModelArgs,
     drafters: Vec<String>,
     o: &VerifierOptions,
-) -> Result<(GenerationService, Arc<Registry>)> {
+) -> Result<Verifier> {
     let engine = load_engine(models)?;
-    let target = identity_pb(&engine.model().identity()?);
-    let registry = Arc::new(Registry::new());
-    let metrics = Arc::new(VerifierMetrics::new(&registry, o.gamma));
-    let pool = if drafters.is_empty() {
-        None
-    } else {
-        let pool_cfg = PoolConfig {
-            endpoints: drafters,
-            session: SessionOptions {
-                target: target.clone(),
-                open_timeout: Duration::from_secs(5),
-                propose_timeout: Duration::from_millis(o.propose_timeout_ms),
-                dtype: pb::Dtype::Bf16,
-            },
-            snapshot: engine.model().snapshot_support(),
-        };
-        let pool = Arc::new(DrafterPool::new(
-            pool_cfg,
-            Arc::clone(&metrics),
-            tokio::runtime::Handle::current(),
-        )?);
-        pool.refresh().await?;
-        pool.spawn_refresh(Duration::from_secs(o.drafter_refresh_seconds.max(1)));
-        Some(pool)
-    };
-    let admission = Admission::new(o.max_concurrent, o.kv_cache_bytes, Arc::clone(&metrics));
-    let vcfg = VerifierConfig {
-        gamma: o.gamma,
-        adaptive_gamma: o.adaptive_gamma,
-        verification: o.verification,
-        confidence_cuts: o.confidence_cuts,
-        default_max_tokens: o.default_max_tokens,
-        target,
-    };
-    Ok((
-        GenerationService::new(engine, pool, vcfg, metrics, admission),
-        registry,
-    ))
+    Ok(Verifier::builder(engine, o.settings(drafters)).build().await?)
 }
 
 /// `tandem verifier`.
 pub fn verifier(a: VerifierServeArgs) -> Result<()> {
     runtime()?.block_on(async move {
-        let grpc = bind(a.listen, "gRPC").await?;
-        let metrics = bind(a.metrics_listen, "metrics").await?;
-        let (service, registry) = verifier_service(&a.models, a.drafters, &a.opts).await?;
-        tandem_verifier::serve(service, registry, grpc, metrics, shutdown_signal())
+        let listeners = listen(a.listen, a.metrics_listen).await?;
+        let verifier = verifier_server(&a.models, a.drafters, &a.opts).await?;
+        verifier
+            .serve(listeners, shutdown_signal())
             .await
-            .map_err(|e| anyhow::anyhow!("{e}"))
+            .map_err(|e| anyhow!("{e}"))
     })
 }
 
 /// `tandem up`: a drafter and a verifier in one process.
 pub fn up(a: UpArgs) -> Result<()> {
-    let (drafter, drafter_registry) = drafter_service(&a.drafter, &a.models, &a.drafter_opts)?;
+    let drafter = drafter_server(&a.drafter, &a.models, &a.drafter_opts)?;
     runtime()?.block_on(async move {
-        let d_grpc = bind(a.drafter_listen, "drafter gRPC").await?;
-        let d_metrics = bind(a.drafter_metrics_listen, "drafter metrics").await?;
-        let endpoint = format!("http://{}", d_grpc.local_addr()?);
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let mut rx = stop_rx.clone();
-        let d_task = tokio::spawn(tandem_drafter::serve(drafter, drafter_registry, d_grpc, d_metrics, async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }));
-        let grpc = bind(a.listen, "gRPC").await?;
-        let metrics = bind(a.metrics_listen, "metrics").await?;
-        wait_serving(&endpoint).await?;
-        let (service, registry) = verifier_service(&a.models, vec![endpoint], &a.verifier).await?;
+        let d_listeners = listen(a.drafter_listen, a.drafter_metrics_listen).await?;
+        let listeners = listen(a.listen, a.metrics_listen).await?;
+        let running = drafter.spawn(d_listeners).map_err(|e| anyhow!("{e}"))?;
+        running.wait_serving(READY_WAIT).await.map_err(|e| anyhow!("{e}"))?;
+        let verifier = verifier_server(&a.models, vec![running.url()], &a.verifier).await?;
         eprintln!(
             "tandem up: verifier on {} (metrics {}), drafter on {} (metrics {}); try\n  tandem generate --server http://{} --prompt \"The capital of France is\"",
             a.listen, a.metrics_listen, a.drafter_listen, a.drafter_metrics_listen, a.listen
         );
-        let result = tandem_verifier::serve(service, registry, grpc, metrics, shutdown_signal()).await;
-        let _ = stop_tx.send(true);
-        let _ = d_task.await;
-        result.map_err(|e| anyhow::anyhow!("{e}"))
+        let result = verifier.serve(listeners, shutdown_signal()).await;
+        let drafter = running.shutdown().await;
+        result.and(drafter).map_err(|e| anyhow!("{e}"))
     })
 }
 
-/// Waits until the drafter at `endpoint` reports SERVING (after its warm-up).
-pub(crate) async fn wait_serving(endpoint: &str) -> Result<()> {
-    use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())?.connect_lazy();
-    let mut client = HealthClient::new(channel);
-    for _ in 0..600 {
-        let req = HealthCheckRequest {
-            service: String::new(),
-        };
-        if let Ok(r) = client.check(req).await {
-            if r.into_inner().status == ServingStatus::Serving as i32 {
-                return Ok(());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    anyhow::bail!("the drafter at {endpoint} did not become ready")
-}
+/// Longest wait for a freshly started drafter to warm up.
+pub(crate) const READY_WAIT: Duration = Duration::from_secs(60);

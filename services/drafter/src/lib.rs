@@ -8,6 +8,6 @@ mod server;
 mod service;
 
 pub use error::DrafterError;
-pub use metrics::DrafterMetrics;
-pub use server::{serve, warm_up, ServeError};
-pub use service::{DrafterConfig, DrafterService};
+pub use server::Drafter;
+pub use service::DrafterConfig;
+pub use tandem_serving::{Listeners, Running, ServeError};

@@ -1,25 +1,69 @@
-//! Running the drafter: warm-up, then gRPC (Drafter, grpc.health.v1, reflection) on one
-//! listener and Prometheus `/metrics` on another, until shutdown.
+//! Assembling the drafter: [`Drafter::new`] takes a proposer and a [`DrafterConfig`] and
+//! builds the whole service (metrics, the Drafter handlers); [`Drafter::serve`] runs it with
+//! health, reflection, `/metrics`, a warm-up before SERVING and shutdown (tandem-serving).
+//! The CLI and the tests assemble drafters only through here.
 
 use std::future::Future;
 use std::sync::Arc;
 
-use tandem_core::{ProposeRequest, SamplingParams, SnapshotRows};
+use tandem_core::{ProposeRequest, Proposer, SamplingParams, SnapshotRows};
 use tandem_proto::v1 as pb;
-use tandem_telemetry::{serve_metrics, Registry};
-use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
-use tonic_health::ServingStatus;
+use tandem_serving::{App, Listeners, Running, ServeError};
+use tandem_telemetry::Registry;
+use tonic::server::NamedService;
+use tonic::service::Routes;
 
-use crate::service::DrafterService;
+use crate::metrics::DrafterMetrics;
+use crate::service::{DrafterConfig, DrafterService};
 
-/// Errors of starting or running the server.
-pub type ServeError = Box<dyn std::error::Error + Send + Sync>;
+type Server = pb::drafter_server::DrafterServer<DrafterService>;
+
+/// A drafter, assembled and ready to serve.
+pub struct Drafter {
+    service: DrafterService,
+    registry: Arc<Registry>,
+}
+
+impl Drafter {
+    /// A drafter serving `proposer` as `cfg` says.
+    pub fn new(proposer: Arc<dyn Proposer>, cfg: DrafterConfig) -> Self {
+        let registry = Arc::new(Registry::new());
+        let metrics = DrafterMetrics::new(Arc::clone(&registry));
+        Self {
+            service: DrafterService::new(proposer, cfg, metrics),
+            registry,
+        }
+    }
+
+    /// The service with health, reflection, `/metrics` and its warm-up.
+    pub fn app(self) -> App {
+        let proposer = Arc::clone(self.service.proposer());
+        App {
+            routes: Routes::new(Server::new(self.service)),
+            name: Server::NAME,
+            registry: self.registry,
+            warm_up: Box::new(move || warm_up(proposer.as_ref())),
+        }
+    }
+
+    /// Serves on `listeners` until `shutdown` resolves.
+    pub async fn serve(
+        self,
+        listeners: Listeners,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        tandem_serving::serve(self.app(), listeners, shutdown).await
+    }
+
+    /// Serves on `listeners` in the background until the handle is stopped or dropped.
+    pub fn spawn(self, listeners: Listeners) -> Result<Running, ServeError> {
+        tandem_serving::spawn(self.app(), listeners)
+    }
+}
 
 /// Drafts one block on an all-zero context so the first real request pays no first-use
-/// costs; the health status turns SERVING only after it.
-pub fn warm_up(service: &DrafterService) -> Result<(), ServeError> {
-    let proposer = service.proposer();
+/// costs.
+fn warm_up(proposer: &dyn Proposer) -> Result<(), ServeError> {
     let spec = proposer.snapshot_spec();
     let mut session = proposer.open(&SamplingParams::default())?;
     session.extend(&SnapshotRows {
@@ -33,52 +77,4 @@ pub fn warm_up(service: &DrafterService) -> Result<(), ServeError> {
         gamma: proposer.max_gamma(),
     })?;
     Ok(())
-}
-
-/// Serves `service` on `grpc` and `registry` on `metrics` until `shutdown` resolves.
-pub async fn serve(
-    service: DrafterService,
-    registry: Arc<Registry>,
-    grpc: TcpListener,
-    metrics: TcpListener,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), ServeError> {
-    let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_service_status("", ServingStatus::NotServing)
-        .await;
-    reporter
-        .set_not_serving::<pb::drafter_server::DrafterServer<DrafterService>>()
-        .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let metrics_task = tokio::spawn(serve_metrics(metrics, registry, wait(stop_rx.clone())));
-    let warm = service.clone();
-    tokio::task::spawn_blocking(move || warm_up(&warm)).await??;
-    reporter
-        .set_service_status("", ServingStatus::Serving)
-        .await;
-    reporter
-        .set_serving::<pb::drafter_server::DrafterServer<DrafterService>>()
-        .await;
-    tracing::info!("drafter serving on {}", grpc.local_addr()?);
-    let result = tonic::transport::Server::builder()
-        .add_service(health)
-        .add_service(reflection)
-        .add_service(pb::drafter_server::DrafterServer::new(service))
-        // Small messages go out at once: with Nagle's algorithm a reply written while the
-        // peer's ACK of the last one is delayed waits for it (accepted sockets do not take
-        // the builder's `tcp_nodelay`).
-        .serve_with_incoming_shutdown(TcpIncoming::from(grpc).with_nodelay(Some(true)), shutdown)
-        .await;
-    let _ = stop_tx.send(true);
-    metrics_task.await??;
-    Ok(result?)
-}
-
-async fn wait(mut rx: tokio::sync::watch::Receiver<bool>) {
-    let _ = rx.wait_for(|stop| *stop).await;
 }

@@ -11,10 +11,7 @@ mod remote;
 mod server;
 mod service;
 
-pub use admission::Admission;
 pub use error::VerifierError;
-pub use metrics::VerifierMetrics;
-pub use pool::{DrafterPool, Lookup, PoolConfig, Resolve, Source, SystemResolver};
-pub use remote::SessionOptions;
-pub use server::{serve, warm_up, ServeError};
-pub use service::{GenerationService, VerifierConfig};
+pub use pool::{Lookup, Resolve, Source, SystemResolver};
+pub use server::{Verifier, VerifierBuilder, VerifierSettings};
+pub use tandem_serving::{Listeners, Running, ServeError};

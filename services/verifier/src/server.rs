@@ -1,25 +1,194 @@
-//! Running the verifier: warm-up, then gRPC (Generation, grpc.health.v1, reflection) on one
-//! listener and Prometheus `/metrics` on another, until shutdown.
+//! Assembling the verifier: [`Verifier::builder`] takes an engine and [`VerifierSettings`]
+//! and builds the whole service (metrics, the drafter pool with its refresh, admission, the
+//! Generation handlers); [`Verifier::serve`] runs it with health, reflection, `/metrics`,
+//! a warm-up before SERVING and shutdown (tandem-serving). The CLI and the tests assemble
+//! verifiers only through here.
 
 use std::future::Future;
 use std::ops::ControlFlow;
 use std::sync::Arc;
+use std::time::Duration;
 
-use tandem_engine::{GenerationRequest, Update};
+use tandem_core::Verification;
+use tandem_engine::{Engine, GenerationRequest, Update};
 use tandem_proto::v1 as pb;
-use tandem_telemetry::{serve_metrics, Registry};
-use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
-use tonic_health::ServingStatus;
+use tandem_serving::{App, Listeners, Running, ServeError};
+use tandem_telemetry::Registry;
+use tonic::server::NamedService;
+use tonic::service::Routes;
 
-use crate::service::GenerationService;
+use crate::admission::Admission;
+use crate::error::VerifierError;
+use crate::metrics::VerifierMetrics;
+use crate::pool::{DrafterPool, PoolConfig, Resolve, SystemResolver};
+use crate::remote::SessionOptions;
+use crate::service::{GenerationService, VerifierConfig};
 
-/// Errors of starting or running the server.
-pub type ServeError = Box<dyn std::error::Error + Send + Sync>;
+type Server = pb::generation_server::GenerationServer<GenerationService>;
+
+/// Shortest period between drafter refreshes (a zero period would spin).
+const MIN_REFRESH: Duration = Duration::from_millis(100);
+
+/// Everything an operator sets on a verifier.
+#[derive(Debug, Clone)]
+pub struct VerifierSettings {
+    /// Most tokens drafted per round (requests may ask for fewer).
+    pub gamma: usize,
+    /// Let each generation choose its rounds' draft lengths up to `gamma`
+    /// ([`tandem_core::GammaPolicy`]), plain rounds included when drafting does not pay.
+    pub adaptive_gamma: bool,
+    /// How sampled rounds verify drafts when a request does not say.
+    pub verification: Verification,
+    /// Whether adaptive generations cut blocks on calibrated confidences when a request
+    /// does not say.
+    pub confidence_cuts: bool,
+    /// `max_tokens` of requests that give none.
+    pub default_max_tokens: usize,
+    /// Generations running at once.
+    pub max_concurrent: usize,
+    /// KV-cache budget in bytes over all running generations.
+    pub kv_cache_bytes: usize,
+    /// Drafter endpoints (`http://host:port` or `dns:///name:port`); none: plain decoding.
+    pub drafters: Vec<String>,
+    /// How often drafter endpoints are resolved again (`None`: only at start).
+    pub drafter_refresh: Option<Duration>,
+    /// Longest wait for a drafter session to open.
+    pub open_timeout: Duration,
+    /// Longest wait for one drafted block (then the round goes on plain).
+    pub propose_timeout: Duration,
+}
+
+impl Default for VerifierSettings {
+    fn default() -> Self {
+        Self {
+            gamma: 8,
+            adaptive_gamma: true,
+            verification: Verification::default(),
+            confidence_cuts: true,
+            default_max_tokens: 256,
+            max_concurrent: 4,
+            kv_cache_bytes: 4 << 30,
+            drafters: Vec::new(),
+            drafter_refresh: Some(Duration::from_secs(10)),
+            open_timeout: Duration::from_secs(5),
+            propose_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A verifier, assembled and ready to serve.
+pub struct Verifier {
+    service: GenerationService,
+    registry: Arc<Registry>,
+}
+
+/// Builds a [`Verifier`].
+pub struct VerifierBuilder {
+    engine: Engine,
+    settings: VerifierSettings,
+    resolver: Box<dyn Resolve>,
+}
+
+impl Verifier {
+    /// A builder over `engine` with `settings`.
+    pub fn builder(engine: Engine, settings: VerifierSettings) -> VerifierBuilder {
+        VerifierBuilder {
+            engine,
+            settings,
+            resolver: Box::new(SystemResolver),
+        }
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        self.service.engine()
+    }
+
+    /// The service with health, reflection, `/metrics` and its warm-up.
+    pub fn app(self) -> App {
+        let warm = self.service.clone();
+        App {
+            routes: Routes::new(Server::new(self.service)),
+            name: Server::NAME,
+            registry: self.registry,
+            warm_up: Box::new(move || warm_up(warm.engine())),
+        }
+    }
+
+    /// Serves on `listeners` until `shutdown` resolves.
+    pub async fn serve(
+        self,
+        listeners: Listeners,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        tandem_serving::serve(self.app(), listeners, shutdown).await
+    }
+
+    /// Serves on `listeners` in the background until the handle is stopped or dropped.
+    pub fn spawn(self, listeners: Listeners) -> Result<Running, ServeError> {
+        tandem_serving::spawn(self.app(), listeners)
+    }
+}
+
+impl VerifierBuilder {
+    /// Resolves drafter names with `resolver` instead of the system's.
+    pub fn resolver(mut self, resolver: Box<dyn Resolve>) -> Self {
+        self.resolver = resolver;
+        self
+    }
+
+    /// Assembles the verifier: contacts the drafters once (refusing drafters made for
+    /// another target) and starts their periodic refresh.
+    pub async fn build(self) -> Result<Verifier, VerifierError> {
+        let s = self.settings;
+        let identity = self.engine.model().identity()?;
+        let target = pb::TargetIdentity {
+            architecture: identity.architecture,
+            embedding_hash: identity.embedding_hash,
+        };
+        let registry = Arc::new(Registry::new());
+        let metrics = Arc::new(VerifierMetrics::new(&registry, s.gamma));
+        let pool = match s.drafters.is_empty() {
+            true => None,
+            false => {
+                let cfg = PoolConfig {
+                    endpoints: s.drafters.clone(),
+                    session: SessionOptions {
+                        target: target.clone(),
+                        open_timeout: s.open_timeout,
+                        propose_timeout: s.propose_timeout,
+                        dtype: pb::Dtype::Bf16,
+                    },
+                    snapshot: self.engine.model().snapshot_support(),
+                };
+                let handle = tokio::runtime::Handle::current();
+                let pool = DrafterPool::new(cfg, Arc::clone(&metrics), handle)?;
+                let pool = Arc::new(pool.with_resolver(self.resolver));
+                pool.refresh().await?;
+                if let Some(every) = s.drafter_refresh {
+                    pool.spawn_refresh(every.max(MIN_REFRESH));
+                }
+                Some(pool)
+            }
+        };
+        let admission = Admission::new(s.max_concurrent, s.kv_cache_bytes, Arc::clone(&metrics));
+        let cfg = VerifierConfig {
+            gamma: s.gamma,
+            adaptive_gamma: s.adaptive_gamma,
+            verification: s.verification,
+            confidence_cuts: s.confidence_cuts,
+            default_max_tokens: s.default_max_tokens,
+            target,
+        };
+        Ok(Verifier {
+            service: GenerationService::new(self.engine, pool, cfg, metrics, admission),
+            registry,
+        })
+    }
+}
 
 /// Generates two tokens so the first request pays no first-use costs.
-pub fn warm_up(service: &GenerationService) -> Result<(), ServeError> {
-    let engine = service.engine();
+fn warm_up(engine: &Engine) -> Result<(), ServeError> {
     let req = GenerationRequest {
         prompt: vec![engine.tokenizer().bos_id()],
         max_tokens: 2,
@@ -28,58 +197,4 @@ pub fn warm_up(service: &GenerationService) -> Result<(), ServeError> {
     };
     engine.generate(&req, None, &mut |_: &Update| ControlFlow::Continue(()))?;
     Ok(())
-}
-
-/// Serves `service` on `grpc` and `registry` on `metrics` until `shutdown` resolves; health
-/// turns SERVING after the warm-up.
-pub async fn serve(
-    service: GenerationService,
-    registry: Arc<Registry>,
-    grpc: TcpListener,
-    metrics: TcpListener,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), ServeError> {
-    type Server = pb::generation_server::GenerationServer<GenerationService>;
-    let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_service_status("", ServingStatus::NotServing)
-        .await;
-    reporter.set_not_serving::<Server>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let metrics_task = tokio::spawn(serve_metrics(metrics, registry, wait(stop_rx)));
-    let warm = service.clone();
-    let warm_reporter = reporter.clone();
-    tokio::spawn(async move {
-        match tokio::task::spawn_blocking(move || warm_up(&warm)).await {
-            Ok(Ok(())) => {
-                warm_reporter
-                    .set_service_status("", ServingStatus::Serving)
-                    .await;
-                warm_reporter.set_serving::<Server>().await;
-            }
-            Ok(Err(e)) => tracing::error!("warm-up failed: {e}"),
-            Err(e) => tracing::error!("warm-up failed: {e}"),
-        }
-    });
-    tracing::info!("verifier listening on {}", grpc.local_addr()?);
-    let result = tonic::transport::Server::builder()
-        .add_service(health)
-        .add_service(reflection)
-        .add_service(Server::new(service))
-        // Small messages go out at once: with Nagle's algorithm a reply written while the
-        // peer's ACK of the last one is delayed waits for it (accepted sockets do not take
-        // the builder's `tcp_nodelay`).
-        .serve_with_incoming_shutdown(TcpIncoming::from(grpc).with_nodelay(Some(true)), shutdown)
-        .await;
-    let _ = stop_tx.send(true);
-    metrics_task.await??;
-    Ok(result?)
-}
-
-async fn wait(mut rx: tokio::sync::watch::Receiver<bool>) {
-    let _ = rx.wait_for(|stop| *stop).await;
 }

@@ -1,0 +1,215 @@
+//! What both tandem services do around their gRPC service, in one place: bind a gRPC and a
+//! `/metrics` listener, answer `grpc.health.v1` (NOT_SERVING until the warm-up has run, so
+//! a readiness probe never sends traffic to a cold server) and server reflection, serve
+//! Prometheus text, and stop on a shutdown signal. A warm-up that fails stops the server
+//! with its error. [`spawn`] runs one in the background with a handle that stops it on drop,
+//! as `tandem up` and the end-to-end tests do.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tandem_proto::v1 as pb;
+use tandem_telemetry::{serve_metrics, Registry};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::service::Routes;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::pb::health_check_response::ServingStatus as WireStatus;
+use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+use tonic_health::ServingStatus;
+
+/// Errors of starting or running a server.
+pub type ServeError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Runs once before a server reports SERVING, on a blocking thread.
+pub type WarmUp = Box<dyn FnOnce() -> Result<(), ServeError> + Send>;
+
+/// The gRPC and `/metrics` listeners of one server.
+pub struct Listeners {
+    /// gRPC.
+    pub grpc: TcpListener,
+    /// Prometheus `/metrics`.
+    pub metrics: TcpListener,
+}
+
+impl Listeners {
+    /// Binds both addresses (port 0 picks a free port).
+    pub async fn bind(grpc: SocketAddr, metrics: SocketAddr) -> Result<Self, ServeError> {
+        let bind = |addr: SocketAddr, what: &'static str| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| ServeError::from(format!("cannot listen on {addr} ({what}): {e}")))
+        };
+        Ok(Self {
+            grpc: bind(grpc, "gRPC").await?,
+            metrics: bind(metrics, "metrics").await?,
+        })
+    }
+}
+
+/// A service ready to serve: its routes, the name health reports it under, its metrics and
+/// its warm-up.
+pub struct App {
+    /// The gRPC service(s) (health and reflection are added).
+    pub routes: Routes,
+    /// Fully qualified service name, e.g. `tandem.v1.Generation`.
+    pub name: &'static str,
+    /// What `/metrics` shows.
+    pub registry: Arc<Registry>,
+    /// Runs before health turns SERVING.
+    pub warm_up: WarmUp,
+}
+
+/// Serves `app` on `listeners` until `shutdown` resolves (or its warm-up fails).
+pub async fn serve(
+    app: App,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    for name in ["", app.name] {
+        reporter
+            .set_service_status(name, ServingStatus::NotServing)
+            .await;
+    }
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let metrics = tokio::spawn(serve_metrics(
+        listeners.metrics,
+        app.registry,
+        stopped(stop_rx),
+    ));
+    let (failed_tx, mut failed_rx) = tokio::sync::oneshot::channel::<String>();
+    let (warm_up, name) = (app.warm_up, app.name);
+    tokio::spawn(async move {
+        match tokio::task::spawn_blocking(warm_up).await {
+            Ok(Ok(())) => {
+                for name in ["", name] {
+                    reporter.set_service_status(name, ServingStatus::Serving).await;
+                }
+                tracing::info!("{name} warmed up: SERVING");
+            }
+            Ok(Err(e)) => drop(failed_tx.send(e.to_string())),
+            Err(e) => drop(failed_tx.send(e.to_string())),
+        }
+    });
+    tracing::info!("{name} listening on {}", listeners.grpc.local_addr()?);
+    let mut warm_error = None;
+    let result = tonic::transport::Server::builder()
+        .add_routes(app.routes.add_service(health).add_service(reflection))
+        // Small messages go out at once: with Nagle's algorithm a reply written while the
+        // peer's ACK of the last one is delayed waits for it (accepted sockets do not take
+        // the builder's `tcp_nodelay`).
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
+            async {
+                tokio::select! {
+                    () = shutdown => {}
+                    Ok(e) = &mut failed_rx => {
+                        tracing::error!("{name} warm-up failed: {e}");
+                        warm_error = Some(e);
+                    }
+                }
+            },
+        )
+        .await;
+    let _ = stop_tx.send(true);
+    metrics.await??;
+    if let Some(e) = warm_error {
+        return Err(format!("{name} warm-up failed: {e}").into());
+    }
+    Ok(result?)
+}
+
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// A server running in the background; stops when dropped.
+pub struct Running {
+    /// Its gRPC address.
+    pub grpc: SocketAddr,
+    /// Its `/metrics` address.
+    pub metrics: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: Option<JoinHandle<Result<(), ServeError>>>,
+}
+
+/// Serves `app` on `listeners` in the background until the handle is stopped or dropped.
+pub fn spawn(app: App, listeners: Listeners) -> Result<Running, ServeError> {
+    let (grpc, metrics) = (
+        listeners.grpc.local_addr()?,
+        listeners.metrics.local_addr()?,
+    );
+    let (stop, rx) = watch::channel(false);
+    let task = tokio::spawn(serve(app, listeners, stopped(rx)));
+    Ok(Running {
+        grpc,
+        metrics,
+        stop,
+        task: Some(task),
+    })
+}
+
+impl Running {
+    /// Its gRPC endpoint, `http://ip:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    /// Asks the server to shut down.
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Waits (up to `limit`) until the server reports SERVING.
+    pub async fn wait_serving(&self, limit: Duration) -> Result<(), ServeError> {
+        wait_serving(&self.url(), limit).await
+    }
+
+    /// Stops the server and waits for it to end.
+    pub async fn shutdown(mut self) -> Result<(), ServeError> {
+        self.stop();
+        match self.task.take() {
+            Some(task) => task.await?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The health status of the server at `url` (its "" service), `None` when it does not
+/// answer.
+pub async fn health(url: &str) -> Option<WireStatus> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+        .ok()?
+        .connect_lazy();
+    let req = HealthCheckRequest {
+        service: String::new(),
+    };
+    let status = HealthClient::new(channel).check(req).await.ok()?;
+    WireStatus::try_from(status.into_inner().status).ok()
+}
+
+/// Waits (up to `limit`) until the server at `url` reports SERVING.
+pub async fn wait_serving(url: &str, limit: Duration) -> Result<(), ServeError> {
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        if health(url).await == Some(WireStatus::Serving) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(format!("{url} did not become ready within {limit:?}").into())
+}
