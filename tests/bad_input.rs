@@ -274,7 +274,10 @@ async fn a_verifier_refuses_a_drafter_made_for_another_target() {
         drafters: vec![d.url.clone()],
         ..Default::default()
     };
-    let err = build_verifier(engine(), setup).await.err().expect("refused");
+    let err = build_verifier(engine(), setup)
+        .await
+        .err()
+        .expect("refused");
     let msg = err.to_string();
     assert!(
         msg.contains("another target") && msg.contains(&d.url),

@@ -198,9 +198,7 @@ pub async fn start_verifier(setup: VerifierSetup) -> Node {
 /// Starts a verifier over `engine`.
 pub async fn start_verifier_for(engine: Engine, setup: VerifierSetup) -> Node {
     let verifier = build_verifier(engine, setup).await.expect("verifier");
-    let running = verifier
-        .spawn(listeners("127.0.0.1").await)
-        .expect("spawn");
+    let running = verifier.spawn(listeners("127.0.0.1").await).expect("spawn");
     Node::ready(running).await
 }
 

@@ -13,7 +13,7 @@ use serde::Serialize;
 use tandem_core::SnapshotSpec;
 use tandem_gemma::LogitsMode;
 
-use tandem_engine::{Engine, GenerationRequest, Target, Update};
+use tandem_engine::{GenerationRequest, Target, Update};
 
 use crate::generate::decode_tok_s;
 use crate::models::ModelArgs;
@@ -121,9 +121,9 @@ fn target(a: TargetArgs) -> Result<()> {
         bail!("repeats, block sizes and prompt tokens must be >= 1 and decode tokens >= 2");
     }
     let loading = Instant::now();
-    let (model, tok) = a.models.load_target()?;
+    let engine = a.models.load_engine()?;
     let load_s = loading.elapsed().as_secs_f64();
-    let engine = Engine::new(Arc::clone(&model), Arc::new(tok));
+    let model = Arc::clone(engine.model());
     let tok = engine.tokenizer();
     let need = a
         .prompt_tokens

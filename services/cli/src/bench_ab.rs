@@ -15,7 +15,6 @@ use tandem_engine::Engine;
 
 use crate::bench_spec::{decode_local, Decode, Tally};
 use crate::drafter::{DrafterArgs, SHIPPED};
-use crate::generate::load_engine;
 use crate::models::ModelArgs;
 use crate::prompt_sets;
 
@@ -148,7 +147,7 @@ struct Arms {
 
 pub fn run(args: AbArgs) -> Result<()> {
     let set = validate(&args)?;
-    let engine = load_engine(&args.models)?;
+    let engine = args.models.load_engine()?;
     let arms = load_arms(&engine, &args)?;
     let prompts = set.encode(engine.tokenizer(), args.prompts)?;
     if prompts.len() < 2 {

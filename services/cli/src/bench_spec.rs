@@ -19,7 +19,6 @@ use tandem_train::corpus::{self, CorpusConfig};
 use tokio::runtime::Runtime;
 
 use crate::drafter::DrafterArgs;
-use crate::generate::load_engine;
 use crate::models::ModelArgs;
 use crate::{client, loopback, serve};
 
@@ -203,7 +202,7 @@ pub fn run(a: SpecArgs) -> Result<()> {
             ))?;
             (lb.engine, Some(lb.url))
         }
-        false => (load_engine(&a.models)?, None),
+        false => (a.models.load_engine()?, None),
     };
     let proposer = a
         .drafter

@@ -21,7 +21,6 @@ use tandem_core::{DraftSource, Proposer, SamplingParams, Verification};
 use tandem_engine::{Engine, GenerationRequest, Update};
 
 use crate::drafter::DrafterArgs;
-use crate::generate::load_engine;
 use crate::models::ModelArgs;
 use crate::{prompt_sets, reliability};
 
@@ -113,7 +112,7 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
     if a.temperatures.is_empty() || a.temperatures.iter().any(|t| !(0.0..=4.0).contains(t)) {
         bail!("--temperatures must be values in [0, 4]");
     }
-    let engine = load_engine(&a.models)?;
+    let engine = a.models.load_engine()?;
     let raw = DrafterArgs {
         no_calibration: true,
         ..a.drafter.clone()

@@ -17,7 +17,7 @@ use tandem_core::Proposer;
 use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
 use tandem_gemma::{TargetHead, TargetIdentity};
 
-use crate::models::{model_type, ModelArgs};
+use crate::models::ModelArgs;
 
 /// Drafter selection flags.
 #[derive(Args, Debug, Clone)]
@@ -125,7 +125,7 @@ impl DrafterArgs {
     /// Whether `--drafter` names a Gemma 4 assistant directory.
     pub fn is_assistant(&self) -> Result<bool> {
         let dir = Path::new(&self.drafter);
-        Ok(dir.is_dir() && model_type(dir)?.as_deref() == Some("gemma4_assistant"))
+        Ok(dir.is_dir() && tandem_engine::model_type(dir)?.as_deref() == Some("gemma4_assistant"))
     }
 
     /// Loads whichever drafter `--drafter` names for the target of `models`; a DSpark

@@ -3,7 +3,6 @@
 
 use std::io::Write;
 use std::ops::ControlFlow;
-use std::sync::Arc;
 
 use anyhow::Result;
 use clap::Args;
@@ -102,7 +101,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if let Some(url) = &args.server {
         return run_remote(url, &args);
     }
-    let engine = load_engine(&args.models)?;
+    let engine = args.models.load_engine()?;
     let req = args.request(&engine)?;
     if !args.speculative {
         let out = stream(&engine, &req, None)?;
@@ -179,11 +178,6 @@ fn run_remote(url: &str, args: &GenerateArgs) -> Result<()> {
 }
 
 /// Loads the target and tokenizer named by `models` into an engine.
-pub fn load_engine(models: &ModelArgs) -> Result<Engine> {
-    let (model, tok) = models.load_target()?;
-    Ok(Engine::new(model, Arc::new(tok)))
-}
-
 /// Runs `req`, writing its text to stdout as it comes.
 fn stream(
     engine: &Engine,

@@ -33,14 +33,18 @@ pub async fn start(
     let d = drafter
         .spawn(serve::listen(any, any).await?)
         .map_err(|e| anyhow!("{e}"))?;
-    d.wait_serving(READY_WAIT).await.map_err(|e| anyhow!("{e}"))?;
+    d.wait_serving(READY_WAIT)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
     let opts = VerifierOptions::fixed(gamma, adaptive);
     let verifier = serve::verifier_server(models, vec![d.url()], &opts).await?;
     let engine = verifier.engine().clone();
     let v = verifier
         .spawn(serve::listen(any, any).await?)
         .map_err(|e| anyhow!("{e}"))?;
-    v.wait_serving(READY_WAIT).await.map_err(|e| anyhow!("{e}"))?;
+    v.wait_serving(READY_WAIT)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
     Ok(Loopback {
         url: v.url(),
         engine,

@@ -4,11 +4,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use std::sync::{Arc, Once, OnceLock};
+use std::sync::{Once, OnceLock};
 
 use candle_core::{DType, Device};
-use tandem_engine::{Gemma4Target, Target};
-use tandem_gemma::gemma4::Gemma4;
+use tandem_engine::{Engine, Placement, TargetFiles};
 use tandem_gemma::{
     prepare_device, DeviceGemma3, DeviceOptions, Gemma3, LoadOptions, Precision, TargetHead,
 };
@@ -182,23 +181,29 @@ impl ModelArgs {
     }
 
     /// Loads the target (Gemma 4 when `--model` is an HF directory whose config says
-    /// `gemma4*`, Gemma 3 otherwise, on `--device`) and its tokenizer.
-    pub fn load_target(&self) -> Result<(Arc<dyn Target>, GemmaTokenizer)> {
-        let path = self.model_path()?;
-        let gemma4 = path.is_dir() && model_type(&path)?.is_some_and(|t| t.starts_with("gemma4"));
-        let tok = self.load_tokenizer()?;
-        let target: Arc<dyn Target> = match (self.device, gemma4) {
-            (DeviceArg::Cpu, false) => Arc::new(self.gemma3_at(&path)?),
-            (DeviceArg::Cpu, true) => {
-                self.cpu_kernels()?;
-                let model =
-                    Gemma4::load(&path).with_context(|| format!("loading {}", display(&path)))?;
-                Arc::new(Gemma4Target::new(Arc::new(model))?)
-            }
-            (DeviceArg::Cuda(_), true) => bail!("Gemma 4 targets run on the CPU only"),
-            (DeviceArg::Cuda(n), false) => Arc::new(self.device_gemma3_at(&path, n)?),
+    /// `gemma4*`, Gemma 3 otherwise, on `--device`) and its tokenizer into an engine.
+    pub fn load_engine(&self) -> Result<Engine> {
+        let files = TargetFiles {
+            model: self.model_path()?,
+            tokenizer: self.tokenizer_path()?,
         };
-        Ok((target, tok))
+        Ok(Engine::load(&files, &self.placement()?)?)
+    }
+
+    /// Where `--device`, `--precision` and `--dtype` place the target.
+    fn placement(&self) -> Result<Placement> {
+        Ok(match self.device {
+            DeviceArg::Cpu => {
+                self.cpu_kernels()?;
+                Placement::Cpu(LoadOptions {
+                    precision: self.precision.into(),
+                })
+            }
+            DeviceArg::Cuda(n) => Placement::Device(DeviceOptions {
+                device: self.cuda(n)?,
+                dtype: self.dtype.into(),
+            }),
+        })
     }
 
     /// Loads the Gemma 3 target onto the `--device` GPU, and its tokenizer.
@@ -217,9 +222,12 @@ impl ModelArgs {
         Ok((self.gemma3_at(&path)?, tok))
     }
 
+    fn tokenizer_path(&self) -> Result<PathBuf> {
+        self.resolve(&self.tokenizer, DEFAULT_TOKENIZER, "tokenizer")
+    }
+
     fn load_tokenizer(&self) -> Result<GemmaTokenizer> {
-        let path = self.resolve(&self.tokenizer, DEFAULT_TOKENIZER, "tokenizer")?;
-        Ok(GemmaTokenizer::from_file(&path)?)
+        Ok(GemmaTokenizer::from_file(&self.tokenizer_path()?)?)
     }
 
     /// The Gemma 3 at the checked `path` on the CPU kernels.
@@ -274,17 +282,4 @@ impl ModelArgs {
 
 fn display(p: &Path) -> String {
     p.display().to_string()
-}
-
-/// The `model_type` of an HF directory's config.json (`None` without one).
-pub fn model_type(dir: &Path) -> Result<Option<String>> {
-    let path = dir.join("config.json");
-    if !path.is_file() {
-        return Ok(None);
-    }
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", display(&path)))?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", display(&path)))?;
-    Ok(value["model_type"].as_str().map(str::to_string))
 }

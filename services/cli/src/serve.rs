@@ -13,7 +13,6 @@ use tandem_serving::Listeners;
 use tandem_verifier::{Verifier, VerifierSettings};
 
 use crate::drafter::DrafterArgs;
-use crate::generate::load_engine;
 use crate::models::ModelArgs;
 
 /// Flags of `tandem drafter`.
@@ -169,7 +168,9 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
 
 /// Binds a gRPC and a metrics listener.
 pub(crate) async fn listen(grpc: SocketAddr, metrics: SocketAddr) -> Result<Listeners> {
-    Listeners::bind(grpc, metrics).await.map_err(|e| anyhow!("{e}"))
+    Listeners::bind(grpc, metrics)
+        .await
+        .map_err(|e| anyhow!("{e}"))
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -231,8 +232,10 @@ pub(crate) async fn verifier_server(
     drafters: Vec<String>,
     o: &VerifierOptions,
 ) -> Result<Verifier> {
-    let engine = load_engine(models)?;
-    Ok(Verifier::builder(engine, o.settings(drafters)).build().await?)
+    let engine = models.load_engine()?;
+    Ok(Verifier::builder(engine, o.settings(drafters))
+        .build()
+        .await?)
 }
 
 /// `tandem verifier`.

@@ -12,8 +12,8 @@ use tandem_core::{
 };
 
 use crate::error::{EngineError, Result};
+use crate::models::Target;
 use crate::stats::SpecStats;
-use crate::target::Target;
 
 /// Largest deviation from 1 tolerated in the total of a draft distribution.
 const DIST_TOLERANCE: f32 = 1e-3;

@@ -22,10 +22,10 @@ use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
 use crate::drafting::Drafting;
 use crate::error::{EngineError, Result};
 use crate::memory::PolicyMemory;
+use crate::models::{Target, TargetSequence, TargetStep};
 use crate::plan::{proposer_gamma, Plan};
 use crate::request::GenerationRequest;
 use crate::stats::{RoundStats, SpecStats, Timing};
-use crate::target::{Target, TargetSequence, TargetStep};
 
 /// What the caller's sink receives after the first token and after every round.
 #[derive(Debug, Clone, PartialEq)]
@@ -149,11 +149,7 @@ struct Generation<'e> {
 }
 
 impl<'e> Generation<'e> {
-    fn start(
-        engine: &'e Engine,
-        plan: &'e Plan,
-        proposer: Option<&dyn Proposer>,
-    ) -> Result<Self> {
+    fn start(engine: &'e Engine, plan: &'e Plan, proposer: Option<&dyn Proposer>) -> Result<Self> {
         let started = Instant::now();
         let (req, gamma) = (plan.request(), plan.gamma());
         let mut stats = SpecStats::default();

@@ -12,6 +12,9 @@ pub enum EngineError {
     /// The target model failed.
     #[error("model: {0}")]
     Model(#[from] GemmaError),
+    /// A target or tokenizer could not be loaded (the message names the file).
+    #[error("{0}")]
+    Load(String),
     /// Detokenization failed.
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] tandem_tokenizer::TokenizerError),
@@ -35,6 +38,7 @@ impl EngineError {
         match self {
             Self::InvalidRequest(_) => "invalid_request",
             Self::Model(_) => "model",
+            Self::Load(_) => "load",
             Self::Tokenizer(_) => "tokenizer",
         }
     }

@@ -1,19 +1,23 @@
-//! Generation on a Gemma 3 or Gemma 4 target ([`Target`]), plain or speculative, in one process: the verifier's
-//! round over any [`tandem_core::Proposer`], the request handling every front end shares
-//! (sampling, stop conditions, streamed text) and the statistics a generation reports.
+//! Generation on a Gemma 3 or Gemma 4 target ([`Target`]), plain or speculative, in one
+//! process: the verifier's round over any [`tandem_core::Proposer`], the request handling
+//! every front end shares (sampling, stop conditions, streamed text), the plan a request
+//! runs with (its γ cap and KV-cache size, shared with admission), loading targets, and the
+//! statistics a generation reports.
 
 mod drafting;
 mod engine;
 mod error;
+mod load;
 mod memory;
+mod models;
 mod plan;
 mod request;
 mod stats;
-mod target;
 
 pub use engine::{Engine, Outcome, Sink, Update};
 pub use error::{EngineError, Result};
+pub use load::{load_target, model_type, Placement, TargetFiles};
+pub use models::{Gemma4Target, Target, TargetFacts, TargetSequence, TargetStep};
 pub use plan::{drafting_gamma, proposer_gamma, Plan};
 pub use request::GenerationRequest;
 pub use stats::{RoundStats, SpecStats, Timing};
-pub use target::{Gemma4Target, Target, TargetFacts, TargetSequence, TargetStep};

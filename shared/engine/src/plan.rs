@@ -6,8 +6,8 @@
 use tandem_core::Proposer;
 
 use crate::error::{EngineError, Result};
+use crate::models::TargetFacts;
 use crate::request::GenerationRequest;
-use crate::target::TargetFacts;
 
 /// A checked request and the figures it runs with. Made by [`crate::Engine::plan`]; the
 /// only form of a request [`crate::Engine::run`] takes.
@@ -78,7 +78,11 @@ pub fn proposer_gamma(proposer: Option<&dyn Proposer>) -> usize {
 /// tokens within its context.
 fn check_against(request: &GenerationRequest, facts: &TargetFacts) -> Result<()> {
     let invalid = |m: String| Err(EngineError::InvalidRequest(m));
-    if let Some(t) = request.prompt.iter().find(|t| **t as usize >= facts.vocab_size) {
+    if let Some(t) = request
+        .prompt
+        .iter()
+        .find(|t| **t as usize >= facts.vocab_size)
+    {
         return invalid(format!(
             "prompt token {t} is outside the vocabulary of {}",
             facts.vocab_size
@@ -132,7 +136,8 @@ mod tests {
 
     #[test]
     fn requests_the_target_cannot_run_are_refused_with_the_reason() {
-        let refused = |r: GenerationRequest| Plan::new(r, &facts(), 8).unwrap_err().to_string();
+        let refused =
+            |r: GenerationRequest| Plan::new(r, &facts(), 8).expect_err("refused").to_string();
         assert!(refused(request(10, 55, 0)).contains("exceeds the context limit of 64"));
         assert!(refused(request(1, usize::MAX, 0)).contains("context limit"));
         let mut outside = request(3, 4, 0);

@@ -91,7 +91,9 @@ pub async fn serve(
         match tokio::task::spawn_blocking(warm_up).await {
             Ok(Ok(())) => {
                 for name in ["", name] {
-                    reporter.set_service_status(name, ServingStatus::Serving).await;
+                    reporter
+                        .set_service_status(name, ServingStatus::Serving)
+                        .await;
                 }
                 tracing::info!("{name} warmed up: SERVING");
             }
