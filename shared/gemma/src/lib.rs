@@ -2,7 +2,9 @@
 //! the HF safetensors layout), a forward over a block of tokens that returns logits and
 //! hidden-state taps, and a caller-owned KV cache that can be rolled back.
 //!
-//! Gemma 4 and its assistant drafter live in [`gemma4`] (HF safetensors, f32).
+//! Each family has its folder: Gemma 3 in `gemma3/` (its items re-exported here) and Gemma 4
+//! with its assistant drafter in [`gemma4`] (HF safetensors, f32). The root keeps what both
+//! share: attention, row operations, tensor loaders, device helpers and errors.
 //! [`DeviceGemma3`] runs Gemma 3 on candle tensors instead of the CPU kernels, for GPUs.
 //!
 //! The crate knows nothing of gRPC or sessions; the verifier owns caches and calls
@@ -13,32 +15,19 @@ mod attention;
 mod attention_avx2;
 #[cfg(target_arch = "x86_64")]
 mod attention_avx512;
-mod config;
-mod convert;
-mod device;
-mod device_cache;
 mod error;
-mod forward;
+mod gemma3;
 pub mod gemma4;
-mod gguf_config;
-mod head;
-mod kv_cache;
 mod launch;
-mod linear;
 mod loader;
-mod model;
-mod names;
 mod ops;
 
-pub use config::{GemmaConfig, RopeScaling};
-pub use convert::{export_hf, hf_config_json};
-pub use device::{DeviceGemma3, DeviceOptions};
-pub use device_cache::DeviceCache;
 pub use error::{GemmaError, Result};
-pub use forward::{Gemma3Model, SequenceCache};
-pub use head::{RestrictedHead, TargetHead, TargetIdentity};
-pub use kv_cache::KvCache;
+pub use gemma3::{
+    export_hf, hf_config_json, DeviceCache, DeviceGemma3, DeviceOptions, ForwardOptions,
+    ForwardOutput, Gemma3, Gemma3Model, GemmaConfig, KvCache, LoadOptions, LogitsMode, Precision,
+    RestrictedHead, RopeScaling, SequenceCache, TargetHead, TargetIdentity,
+};
 pub use launch::{argmax_rows, prepare_device, with_cached_layouts};
 pub use loader::verify_sha256;
-pub use model::{ForwardOptions, ForwardOutput, Gemma3, LoadOptions, LogitsMode, Precision};
 pub use tandem_kernels::TopRow;

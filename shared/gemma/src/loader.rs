@@ -12,10 +12,10 @@ use candle_core::safetensors::MmapedSafetensors;
 use sha2::{Digest, Sha256};
 use tandem_kernels::{QMatrix, QType};
 
-use crate::config::GemmaConfig;
 use crate::error::{candle_message, GemmaError, Result};
-use crate::gguf_config::config_from_gguf;
-use crate::names::Role;
+use crate::gemma3::gguf_config::config_from_gguf;
+use crate::gemma3::names::Role;
+use crate::gemma3::GemmaConfig;
 
 /// Where a model's tensors come from.
 pub(crate) trait TensorSource {

@@ -6,7 +6,7 @@
 
 use super::config::Gemma4Config;
 use crate::error::{GemmaError, Result};
-use crate::kv_cache::{check_rollback, LayerKv};
+use crate::gemma3::kv_cache::{check_rollback, LayerKv};
 
 /// Keys and values of one layer for positions `0..len`.
 #[derive(Debug, Clone, Copy)]

@@ -23,8 +23,8 @@ use super::config::{Gemma4Config, LayerSpec};
 use super::ple::{PerLayerGate, PerLayerInputs};
 use crate::attention::{attend, AttnSpec};
 use crate::error::{GemmaError, Result};
-use crate::head::TargetIdentity;
-use crate::model::LogitsMode;
+use crate::gemma3::LogitsMode;
+use crate::gemma3::TargetIdentity;
 use crate::ops::{rms_norm, rms_norm_rows, softcap, Rope};
 
 /// The target's input embedding scaled by `sqrt(hidden)`, as its decoder (and the assistant

@@ -1,7 +1,7 @@
 //! Tensor roles of a Gemma 3 decoder: their shapes and their names in the HF and GGUF
 //! layouts.
 
-use crate::config::GemmaConfig;
+use super::config::GemmaConfig;
 
 /// A per-layer tensor of the decoder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! truncating, account memory in bytes. Rows are stored per layer as f32
 //! `[position, kv_heads * head_dim]`, so a rolled-back position is simply overwritten later.
 
-use crate::config::GemmaConfig;
+use super::config::GemmaConfig;
 use crate::error::{GemmaError, Result};
 
 /// Keys and values of one layer.

@@ -7,11 +7,11 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
-use crate::config::GemmaConfig;
+use super::config::GemmaConfig;
+use super::gguf_config::config_from_gguf;
+use super::names::{LayerTensor, Role};
 use crate::error::{GemmaError, Result};
-use crate::gguf_config::config_from_gguf;
 use crate::loader::{GgufSource, TensorSource};
-use crate::names::{LayerTensor, Role};
 
 fn roles(cfg: &GemmaConfig) -> Vec<Role> {
     let mut roles = vec![Role::Embed, Role::FinalNorm];

@@ -3,8 +3,8 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::kv_cache::check_rollback;
 use crate::error::Result;
-use crate::kv_cache::check_rollback;
 
 /// The KV cache of one sequence, or of a batch of sequences advanced together, on a device:
 /// per layer `[batch, capacity, kv_heads, head_dim]` keys and values (position-major, as the

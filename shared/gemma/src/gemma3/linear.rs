@@ -5,8 +5,8 @@
 
 use tandem_kernels::{LaneMatrix, QMatrix};
 
+use super::model::Precision;
 use crate::error::Result;
-use crate::model::Precision;
 
 /// A weight matrix in ggml or lane layout.
 #[derive(Debug, Clone)]

@@ -5,13 +5,13 @@
 use candle_core::Tensor;
 use rayon::prelude::*;
 
-use crate::config::GemmaConfig;
-use crate::device::DeviceGemma3;
-use crate::device_cache::DeviceCache;
+use super::config::GemmaConfig;
+use super::device::DeviceGemma3;
+use super::device_cache::DeviceCache;
+use super::head::TargetHead;
+use super::kv_cache::KvCache;
+use super::model::{ForwardOptions, ForwardOutput, Gemma3};
 use crate::error::{GemmaError, Result};
-use crate::head::TargetHead;
-use crate::kv_cache::KvCache;
-use crate::model::{ForwardOptions, ForwardOutput, Gemma3};
 
 /// The rollback-able KV cache of one sequence.
 pub trait SequenceCache: Send {

@@ -12,12 +12,12 @@ use candle_core::{Device, Tensor};
 use sha2::{Digest, Sha256};
 use tandem_kernels::QMatrix;
 
-use crate::config::GemmaConfig;
+use super::config::GemmaConfig;
+use super::linear::Linear;
+use super::model::Precision;
+use super::names::Role;
 use crate::error::{GemmaError, Result};
-use crate::linear::Linear;
 use crate::loader::{self, TensorSource};
-use crate::model::Precision;
-use crate::names::Role;
 use crate::ops::softcap;
 
 /// Every `IDENTITY_ROW_STRIDE`-th embedding row enters [`TargetHead::identity`].

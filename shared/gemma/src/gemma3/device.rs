@@ -19,15 +19,15 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::ops::{rms_norm, softmax_last_dim};
 use candle_nn::rotary_emb::rope_thd;
 
-use crate::config::GemmaConfig;
-use crate::device_cache::DeviceCache;
+use super::config::GemmaConfig;
+use super::device_cache::DeviceCache;
+use super::forward::block_len;
+use super::head::TargetHead;
+use super::model::{ForwardOptions, ForwardOutput, LogitsMode, Precision};
+use super::names::{LayerTensor, Role};
 use crate::error::{GemmaError, Result};
-use crate::forward::block_len;
-use crate::head::TargetHead;
 use crate::launch::with_cached_layouts;
 use crate::loader::{self, TensorSource};
-use crate::model::{ForwardOptions, ForwardOutput, LogitsMode, Precision};
-use crate::names::{LayerTensor, Role};
 use crate::ops::Rope;
 
 /// Where and in which dtype [`DeviceGemma3`] runs.

@@ -11,14 +11,14 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 use tandem_kernels::{ArgmaxScreen, QType, TopRow};
 
+use super::config::GemmaConfig;
+use super::head::TargetHead;
+use super::kv_cache::KvCache;
+use super::linear::Linear;
+use super::names::{LayerTensor, Role};
 use crate::attention::{attend, AttnSpec};
-use crate::config::GemmaConfig;
 use crate::error::{GemmaError, Result};
-use crate::head::TargetHead;
-use crate::kv_cache::KvCache;
-use crate::linear::Linear;
 use crate::loader::{self, TensorSource};
-use crate::names::{LayerTensor, Role};
 use crate::ops::{gelu_tanh_mul, rms_norm, rms_norm_rows, softcap, Rope, RopeAngles};
 
 /// How quantized weights meet activations on the CPU. Both are batch invariant.

@@ -5,7 +5,7 @@
 
 use candle_core::quantized::gguf_file::Value;
 
-use crate::config::{GemmaConfig, RopeScaling};
+use super::config::{GemmaConfig, RopeScaling};
 use crate::error::{GemmaError, Result};
 use crate::loader::GgufSource;
 
