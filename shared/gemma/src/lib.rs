@@ -19,6 +19,7 @@ mod error;
 mod gemma3;
 pub mod gemma4;
 mod launch;
+mod ledger;
 mod loader;
 mod ops;
 

@@ -178,7 +178,8 @@ impl DeviceGemma3 {
         let _turn = self.turn.lock().unwrap_or_else(PoisonError::into_inner);
         let result = self.forward_chunks(tokens, pos, cache, opts);
         if result.is_err() {
-            cache.len = pos;
+            // Back to the `pos` positions the forward started from (never past the end).
+            cache.ledger.truncate(pos)?;
         }
         result
     }
@@ -270,7 +271,7 @@ impl DeviceGemma3 {
             }
             Ok(())
         })?;
-        cache.len = pos + m;
+        cache.ledger.commit(m);
         let normed = rms_norm(&x, &self.final_norm, self.cfg.rms_norm_eps as f32)?;
         let taps = taps
             .into_iter()
@@ -290,18 +291,7 @@ impl DeviceGemma3 {
             return Err(GemmaError::Request("empty block".into()));
         }
         let m = block_len(tokens.len(), cache.batch)?;
-        if pos != cache.len {
-            return Err(GemmaError::Request(format!(
-                "block starts at position {pos} but the cache holds {}",
-                cache.len
-            )));
-        }
-        if pos + m > cache.max_len {
-            return Err(GemmaError::ContextFull {
-                needed: pos + m,
-                capacity: cache.max_len,
-            });
-        }
+        cache.ledger.check_append(pos, m)?;
         match opts.taps.iter().find(|t| **t > self.cfg.num_hidden_layers) {
             Some(t) => Err(GemmaError::Request(format!(
                 "tap {t} is out of range (the model has {} layers)",

@@ -3,8 +3,8 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::kv_cache::check_rollback;
 use crate::error::Result;
+use crate::ledger::{ledger_accessors, Ledger};
 
 /// The KV cache of one sequence, or of a batch of sequences advanced together, on a device:
 /// per layer `[batch, capacity, kv_heads, head_dim]` keys and values (position-major, as the
@@ -13,9 +13,8 @@ pub struct DeviceCache {
     /// Per layer (empty until the first forward).
     pub(crate) k: Vec<Tensor>,
     pub(crate) v: Vec<Tensor>,
-    pub(crate) len: usize,
+    pub(crate) ledger: Ledger,
     capacity: usize,
-    pub(crate) max_len: usize,
     pub(crate) batch: usize,
     /// `(layers, kv_heads, head_dim)`.
     dims: (usize, usize, usize),
@@ -38,9 +37,8 @@ impl DeviceCache {
         Self {
             k: Vec::new(),
             v: Vec::new(),
-            len: 0,
+            ledger: Ledger::new(max_len),
             capacity: 0,
-            max_len,
             batch: batch.max(1),
             dims,
             dtype,
@@ -48,20 +46,7 @@ impl DeviceCache {
         }
     }
 
-    /// Committed positions.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether no position is committed.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The most positions the cache may hold.
-    pub fn max_len(&self) -> usize {
-        self.max_len
-    }
+    ledger_accessors!();
 
     /// Sequences it holds.
     pub fn batch(&self) -> usize {
@@ -70,9 +55,7 @@ impl DeviceCache {
 
     /// Rolls back to the first `len` positions.
     pub fn truncate(&mut self, len: usize) -> Result<()> {
-        check_rollback(self.len, len)?;
-        self.len = len;
-        Ok(())
+        self.ledger.truncate(len)
     }
 
     /// Makes room for `needed` positions, keeping the committed ones.
@@ -83,7 +66,7 @@ impl DeviceCache {
         let capacity = needed
             .max(2 * self.capacity)
             .max(FIRST_CAPACITY)
-            .min(self.max_len);
+            .min(self.ledger.max_len());
         let (layers, heads, hd) = self.dims;
         let shape = (self.batch, capacity, heads, hd);
         let zeros = || Tensor::zeros(shape, self.dtype, &self.device);
@@ -97,8 +80,9 @@ impl DeviceCache {
         } else {
             for t in self.k.iter_mut().chain(self.v.iter_mut()) {
                 let grown = zeros()?;
-                if self.len > 0 {
-                    grown.slice_set(&t.narrow(1, 0, self.len)?, 1, 0)?;
+                let len = self.ledger.len();
+                if len > 0 {
+                    grown.slice_set(&t.narrow(1, 0, len)?, 1, 0)?;
                 }
                 *t = grown;
             }

@@ -3,21 +3,14 @@
 //! `[position, kv_heads * head_dim]`, so a rolled-back position is simply overwritten later.
 
 use super::config::GemmaConfig;
-use crate::error::{GemmaError, Result};
-
-/// Keys and values of one layer.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct LayerKv {
-    pub(crate) k: Vec<f32>,
-    pub(crate) v: Vec<f32>,
-}
+use crate::error::Result;
+use crate::ledger::{ledger_accessors, LayerKv, Ledger};
 
 /// KV cache of one sequence (one session). Create it with [`crate::Gemma3::new_cache`].
 #[derive(Debug, Clone)]
 pub struct KvCache {
     layers: Vec<LayerKv>,
-    len: usize,
-    max_len: usize,
+    ledger: Ledger,
     kv_dim: usize,
 }
 
@@ -26,35 +19,17 @@ impl KvCache {
     pub fn new(cfg: &GemmaConfig, max_len: usize) -> Self {
         Self {
             layers: vec![LayerKv::default(); cfg.num_hidden_layers],
-            len: 0,
-            max_len,
+            ledger: Ledger::new(max_len),
             kv_dim: cfg.kv_dim(),
         }
     }
 
-    /// Committed positions.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether no position is cached.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The most positions this cache may hold.
-    pub fn max_len(&self) -> usize {
-        self.max_len
-    }
+    ledger_accessors!();
 
     /// Rolls back to the first `len` positions; `len` may not exceed the current length.
     pub fn truncate(&mut self, len: usize) -> Result<()> {
-        check_rollback(self.len, len)?;
-        for layer in &mut self.layers {
-            layer.k.truncate(len * self.kv_dim);
-            layer.v.truncate(len * self.kv_dim);
-        }
-        self.len = len;
+        self.ledger.truncate(len)?;
+        self.discard_uncommitted();
         Ok(())
     }
 
@@ -64,7 +39,7 @@ impl KvCache {
             l.k.clear();
             l.v.clear();
         });
-        self.len = 0;
+        self.ledger = Ledger::new(self.ledger.max_len());
     }
 
     /// Bytes allocated for keys and values (what the cache costs, not only what it uses).
@@ -77,7 +52,7 @@ impl KvCache {
 
     /// Bytes of keys and values of the committed positions.
     pub fn used_bytes(&self) -> usize {
-        self.len * self.bytes_per_position()
+        self.ledger.len() * self.bytes_per_position()
     }
 
     /// Bytes one position costs across all layers.
@@ -91,19 +66,7 @@ impl KvCache {
     }
 
     pub(crate) fn check_append(&self, pos: usize, n: usize) -> Result<()> {
-        if pos != self.len {
-            return Err(GemmaError::Request(format!(
-                "block starts at position {pos} but the cache holds {} positions",
-                self.len
-            )));
-        }
-        if pos + n > self.max_len {
-            return Err(GemmaError::ContextFull {
-                needed: pos + n,
-                capacity: self.max_len,
-            });
-        }
-        Ok(())
+        self.ledger.check_append(pos, n)
     }
 
     pub(crate) fn layer_mut(&mut self, layer: usize) -> &mut LayerKv {
@@ -112,12 +75,12 @@ impl KvCache {
 
     /// Marks `n` more positions as committed after every layer appended its rows.
     pub(crate) fn commit(&mut self, n: usize) {
-        self.len += n;
+        self.ledger.commit(n);
     }
 
     /// Drops rows that some layers appended past the committed length (a failed forward).
     pub(crate) fn discard_uncommitted(&mut self) {
-        let keep = self.len * self.kv_dim;
+        let keep = self.ledger.len() * self.kv_dim;
         for layer in &mut self.layers {
             layer.k.truncate(keep);
             layer.v.truncate(keep);
@@ -128,15 +91,4 @@ impl KvCache {
 /// Keys and values of every layer, f32.
 fn position_bytes(layers: usize, kv_dim: usize) -> usize {
     2 * layers * kv_dim * std::mem::size_of::<f32>()
-}
-
-/// Fails unless a cache of `len` committed positions can roll back to `to` (the check
-/// every cache's `truncate` makes).
-pub(crate) fn check_rollback(len: usize, to: usize) -> Result<()> {
-    if to > len {
-        return Err(GemmaError::Request(format!(
-            "cannot truncate a cache of {len} positions to {to}"
-        )));
-    }
-    Ok(())
 }

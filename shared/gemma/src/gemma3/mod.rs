@@ -12,7 +12,7 @@ mod device_cache;
 mod forward;
 pub(crate) mod gguf_config;
 mod head;
-pub(crate) mod kv_cache;
+mod kv_cache;
 mod linear;
 mod model;
 pub(crate) mod names;

@@ -6,7 +6,7 @@
 
 use super::config::Gemma4Config;
 use crate::error::{GemmaError, Result};
-use crate::gemma3::kv_cache::{check_rollback, LayerKv};
+use crate::ledger::{ledger_accessors, LayerKv, Ledger};
 
 /// Keys and values of one layer for positions `0..len`.
 #[derive(Debug, Clone, Copy)]
@@ -48,8 +48,7 @@ pub struct Gemma4Cache {
     slots: Vec<LayerKv>,
     dims: Vec<(usize, usize)>,
     donors: (Option<usize>, Option<usize>),
-    len: usize,
-    max_len: usize,
+    ledger: Ledger,
 }
 
 impl Gemma4Cache {
@@ -59,30 +58,15 @@ impl Gemma4Cache {
             slots: vec![LayerKv::default(); own.len()],
             dims: own.iter().map(|l| (l.kv_heads, l.head_dim)).collect(),
             donors: (cfg.donor_layer(true), cfg.donor_layer(false)),
-            len: 0,
-            max_len,
+            ledger: Ledger::new(max_len),
         }
     }
 
-    /// Committed positions.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether no position is cached.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The most positions this cache may hold.
-    pub fn max_len(&self) -> usize {
-        self.max_len
-    }
+    ledger_accessors!();
 
     /// Rolls back to the first `len` positions; `len` may not exceed the current length.
     pub fn truncate(&mut self, len: usize) -> Result<()> {
-        check_rollback(self.len, len)?;
-        self.len = len;
+        self.ledger.truncate(len)?;
         self.discard_uncommitted();
         Ok(())
     }
@@ -90,14 +74,14 @@ impl Gemma4Cache {
     /// Bytes of keys and values of the committed positions.
     pub fn used_bytes(&self) -> usize {
         let per: usize = self.dims.iter().map(|(h, d)| 2 * h * d).sum();
-        self.len * per * std::mem::size_of::<f32>()
+        self.ledger.len() * per * std::mem::size_of::<f32>()
     }
 
     /// The keys and values (committed positions only) of target layer `layer`, when that
     /// layer computes its own (it is below the first KV-shared layer).
     pub fn layer_kv(&self, layer: usize) -> Option<DonorKv<'_>> {
         let (kv_heads, head_dim) = *self.dims.get(layer)?;
-        let n = self.len * kv_heads * head_dim;
+        let n = self.ledger.len() * kv_heads * head_dim;
         Some(DonorKv {
             k: &self.slots[layer].k[..n],
             v: &self.slots[layer].v[..n],
@@ -120,19 +104,7 @@ impl Gemma4Cache {
     }
 
     pub(crate) fn check_append(&self, pos: usize, n: usize) -> Result<()> {
-        if pos != self.len {
-            return Err(GemmaError::Request(format!(
-                "block starts at position {pos} but the cache holds {} positions",
-                self.len
-            )));
-        }
-        if pos + n > self.max_len {
-            return Err(GemmaError::ContextFull {
-                needed: pos + n,
-                capacity: self.max_len,
-            });
-        }
-        Ok(())
+        self.ledger.check_append(pos, n)
     }
 
     pub(crate) fn slot_mut(&mut self, slot: usize) -> &mut LayerKv {
@@ -144,14 +116,15 @@ impl Gemma4Cache {
     }
 
     pub(crate) fn commit(&mut self, n: usize) {
-        self.len += n;
+        self.ledger.commit(n);
     }
 
     /// Drops rows appended past the committed length (a failed forward, a rollback).
     pub(crate) fn discard_uncommitted(&mut self) {
+        let len = self.ledger.len();
         for (slot, (h, d)) in self.slots.iter_mut().zip(&self.dims) {
-            slot.k.truncate(self.len * h * d);
-            slot.v.truncate(self.len * h * d);
+            slot.k.truncate(len * h * d);
+            slot.v.truncate(len * h * d);
         }
     }
 }
