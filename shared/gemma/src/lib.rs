@@ -11,10 +11,6 @@
 //! [`Gemma3::forward`].
 
 mod attention;
-#[cfg(target_arch = "x86_64")]
-mod attention_avx2;
-#[cfg(target_arch = "x86_64")]
-mod attention_avx512;
 mod error;
 mod gemma3;
 pub mod gemma4;

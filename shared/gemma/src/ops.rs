@@ -2,14 +2,7 @@
 //! fixed order of arithmetic, so a row's result never depends on how many rows share a call
 //! (the property lossless speculative decoding needs).
 
-pub(crate) use tandem_kernels::{gelu_tanh_mul, rms_norm, rms_norm_rows};
-
-/// `tanh` soft-capping: `cap * tanh(x / cap)`.
-pub(crate) fn softcap(x: &mut [f32], cap: f32) {
-    for v in x.iter_mut() {
-        *v = cap * (*v / cap).tanh();
-    }
-}
+pub(crate) use tandem_kernels::{gelu_tanh_mul, rms_norm, rms_norm_rows, softcap};
 
 /// Rotary position embedding in the "rotate half" (NeoX) layout used by Gemma.
 #[derive(Debug, Clone)]

@@ -79,6 +79,11 @@
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
+mod attention;
+#[cfg(target_arch = "x86_64")]
+mod attention_avx2;
+#[cfg(target_arch = "x86_64")]
+mod attention_avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
@@ -120,10 +125,11 @@ mod vector;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod vnni_encodings_test;
 
+pub use attention::{attention_groups, HeadAttention, KvRows};
 pub use error::KernelError;
 pub use isa::Isa;
 pub use lanes::LaneMatrix;
 pub use matrix::QMatrix;
 pub use qtype::QType;
 pub use screen::{first_max, ArgmaxScreen, TopRow, TopRows};
-pub use vector::{dot, exp, gelu_tanh_mul, rms_norm, rms_norm_rows, softmax_weights};
+pub use vector::{dot, exp, gelu_tanh_mul, rms_norm, rms_norm_rows, softcap, softmax_weights};

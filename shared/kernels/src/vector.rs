@@ -152,6 +152,13 @@ fn softmax_weights_body(x: &[f32], scale: f32, out: &mut [f32]) -> f64 {
     lanes.iter().sum::<f64>() + tail
 }
 
+/// Soft-caps each value in place: `cap · tanh(x / cap)` (libm's `tanhf`).
+pub fn softcap(x: &mut [f32], cap: f32) {
+    for v in x.iter_mut() {
+        *v = cap * (*v / cap).tanh();
+    }
+}
+
 /// `tanh(z)` as `1 - 2 / (e^{2z} + 1)` with [`exp`]: within 2.5e-7 of the exact value
 /// (absolute), ±1 beyond ±44, and branch-free, so that loops over it vectorize (libm's
 /// `tanhf` is a scalar call per element, a tenth of a verify's time in the FFN activation).

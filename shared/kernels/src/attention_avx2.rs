@@ -1,7 +1,7 @@
 //! AVX2 forms of the two loops of one query head's attention (`attention.rs`), for heads of
 //! a multiple of 64 values, bit-identical to the portable loops like `attention_avx512`:
 //!
-//! * scores: the 8-lane arithmetic of [`tandem_kernels::dot`] for eight keys at a time, one
+//! * scores: the 8-lane arithmetic of [`crate::dot`] for eight keys at a time, one
 //!   register each, so that eight addition chains overlap instead of one waiting on the last;
 //! * weighted sum: each output element starts at zero and adds `p_j · v_j` for increasing
 //!   `j`, 64 values of the output held in eight registers per pass over the values.
@@ -9,7 +9,7 @@
 use std::arch::x86_64::*;
 use std::ops::RangeInclusive;
 
-use crate::attention::Rows;
+use crate::attention::KvRows;
 
 /// Keys per tile of the scores loop.
 const KEYS: usize = 8;
@@ -29,7 +29,7 @@ pub(crate) fn takes(hd: usize) -> bool {
 #[target_feature(enable = "avx2")]
 pub(crate) fn scores(
     q: &[f32],
-    keys: Rows<'_>,
+    keys: KvRows<'_>,
     range: RangeInclusive<usize>,
     scale: f32,
     scores: &mut Vec<f32>,
@@ -89,7 +89,7 @@ pub(crate) fn lanes_sum(v: __m256) -> f32 {
 pub(crate) fn weighted_sum(
     weights: &[f32],
     inv: f32,
-    values: Rows<'_>,
+    values: KvRows<'_>,
     range: RangeInclusive<usize>,
     out: &mut [f32],
 ) {

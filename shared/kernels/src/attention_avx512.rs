@@ -2,7 +2,7 @@
 //! of `16 * C` values. Every score and every output element gets the same `f32` operations
 //! in the same order as the portable loops, so the results are bit-identical:
 //!
-//! * scores: the 8-lane arithmetic of [`tandem_kernels::dot`] (lane `i` adds `q[8c + i] ·
+//! * scores: the 8-lane arithmetic of [`crate::dot`] (lane `i` adds `q[8c + i] ·
 //!   key[8c + i]` for increasing `c`, a multiplication then an addition, then the fixed sum
 //!   of the lanes), for two keys per register, one in each half, and eight registers at a
 //!   time so that eight addition chains overlap instead of one waiting on the last;
@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 use std::ops::RangeInclusive;
 
-use crate::attention::Rows;
+use crate::attention::KvRows;
 use crate::attention_avx2::lanes_sum;
 
 /// Key pairs per tile of the scores loop.
@@ -38,7 +38,7 @@ pub(crate) fn available() -> bool {
 #[target_feature(enable = "avx2,avx512f,avx512dq")]
 pub(crate) fn scores<const C: usize>(
     q: &[f32],
-    keys: Rows<'_>,
+    keys: KvRows<'_>,
     range: RangeInclusive<usize>,
     scale: f32,
     scores: &mut Vec<f32>,
@@ -91,7 +91,7 @@ pub(crate) fn scores<const C: usize>(
 #[target_feature(enable = "avx2,avx512f,avx512dq")]
 pub(crate) fn group_scores<const C: usize, const HP: usize>(
     q: &[f32],
-    keys: Rows<'_>,
+    keys: KvRows<'_>,
     range: RangeInclusive<usize>,
     scale: f32,
     scores: &mut [Vec<f32>],
@@ -131,7 +131,7 @@ pub(crate) fn group_scores<const C: usize, const HP: usize>(
 #[target_feature(enable = "avx2,avx512f,avx512dq")]
 fn group_tile<const C: usize, const HP: usize, const T: usize>(
     qp: &[__m512],
-    keys: Rows<'_>,
+    keys: KvRows<'_>,
     j: usize,
     scale: f32,
     scores: &mut [Vec<f32>],
@@ -165,7 +165,7 @@ fn group_tile<const C: usize, const HP: usize, const T: usize>(
 pub(crate) fn weighted_sum<const C: usize>(
     weights: &[f32],
     inv: f32,
-    values: Rows<'_>,
+    values: KvRows<'_>,
     range: RangeInclusive<usize>,
     out: &mut [f32],
 ) {
@@ -196,7 +196,7 @@ pub(crate) fn weighted_sum<const C: usize>(
 pub(crate) fn group_weighted_sum<const C: usize, const G: usize>(
     weights: &[Vec<f32>],
     invs: &[f32],
-    values: Rows<'_>,
+    values: KvRows<'_>,
     range: RangeInclusive<usize>,
     out: &mut [f32],
 ) {
