@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use pb::draft_request::Msg;
-use tandem_core::{Proposer, SnapshotRows};
+use tandem_core::{Proposer, SnapshotRows, TargetIdentity};
 use tandem_e2e::*;
 use tandem_proto::codec::rows_to_pb;
 use tandem_proto::v1 as pb;
@@ -204,7 +204,7 @@ async fn the_drafter_refuses_bad_streams_and_goes_on() {
         architecture: "gemma3".into(),
         embedding_hash: "0".repeat(64),
     };
-    let t = target();
+    let t = pb::TargetIdentity::from(target());
     drafter_refuses(
         &d.url,
         None,
@@ -265,7 +265,7 @@ async fn the_drafter_refuses_bad_streams_and_goes_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_verifier_refuses_a_drafter_made_for_another_target() {
-    let other = pb::TargetIdentity {
+    let other = TargetIdentity {
         architecture: "gemma3".into(),
         embedding_hash: "f".repeat(64),
     };

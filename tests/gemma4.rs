@@ -15,7 +15,7 @@ use std::sync::Arc;
 use tandem_assistant::{AssistantOptions, AssistantProposer};
 use tandem_core::{
     DraftBlock, PartSpec, ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams,
-    SnapshotPart, SnapshotRows, SnapshotSpec,
+    SnapshotPart, SnapshotRows, SnapshotSpec, TargetIdentity,
 };
 use tandem_e2e::*;
 use tandem_engine::{Engine, Gemma4Target, GenerationRequest, Update};
@@ -38,12 +38,8 @@ fn gemma4_engine() -> Engine {
     Engine::new(Arc::new(target), Arc::new(tok))
 }
 
-fn wire_target(engine: &Engine) -> pb::TargetIdentity {
-    let t = engine.model().identity().unwrap();
-    pb::TargetIdentity {
-        architecture: t.architecture,
-        embedding_hash: t.embedding_hash,
-    }
+fn target_of(engine: &Engine) -> TargetIdentity {
+    engine.model().identity().unwrap()
 }
 
 fn assistant() -> Arc<AssistantProposer> {
@@ -85,7 +81,7 @@ fn local_plain(engine: &Engine, ids: &[u32]) -> Vec<u32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn assistant_speculation_over_grpc_equals_plain() {
     let engine = gemma4_engine();
-    let target = wire_target(&engine);
+    let target = target_of(&engine);
     let d = start_drafter_kind("127.0.0.1", assistant(), target.clone(), "gemma4-assistant").await;
     let setup = VerifierSetup {
         drafters: vec![d.url.clone()],
@@ -148,7 +144,7 @@ fn with_part(i: usize, part: SnapshotPart, width: usize) -> SnapshotSpec {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn drafters_whose_snapshot_does_not_fit_are_refused() {
     let engine = gemma4_engine();
-    let target = wire_target(&engine);
+    let target = target_of(&engine);
     let cases = [
         // Layer 4 shares layer 3's keys and values: it has none of its own to send.
         (
@@ -184,7 +180,7 @@ async fn drafters_whose_snapshot_does_not_fit_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_open_declaring_other_rows_is_refused() {
     let engine = gemma4_engine();
-    let target = wire_target(&engine);
+    let target = target_of(&engine);
     let d = start_drafter_kind("127.0.0.1", assistant(), target.clone(), "gemma4-assistant").await;
     let mut client = pb::drafter_client::DrafterClient::connect(d.url.clone())
         .await
@@ -197,7 +193,7 @@ async fn an_open_declaring_other_rows_is_refused() {
     );
     assert_eq!(info.snapshot, spec_to_pb(&assistant().snapshot_spec()));
     let open = pb::Open {
-        target: Some(target),
+        target: Some(target.into()),
         sampling: None,
         snapshot: spec_to_pb(&SnapshotSpec::taps(&[6], 64)),
     };

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tandem_core::Proposer;
+use tandem_core::{Proposer, TargetIdentity};
 use tandem_drafter::{Drafter, DrafterConfig};
 use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
 use tandem_engine::Engine;
@@ -54,12 +54,8 @@ pub fn engine() -> Engine {
 }
 
 /// The target's identity on the wire.
-pub fn target() -> pb::TargetIdentity {
-    let t = engine().model().identity().expect("identity");
-    pb::TargetIdentity {
-        architecture: t.architecture,
-        embedding_hash: t.embedding_hash,
-    }
+pub fn target() -> TargetIdentity {
+    engine().model().identity().expect("identity")
 }
 
 /// A randomly initialised small DSpark drafter for the real target (the same weights
@@ -117,7 +113,7 @@ pub async fn listeners(host: &str) -> Listeners {
 pub async fn start_drafter_on(
     host: &str,
     proposer: Arc<dyn Proposer>,
-    target: pb::TargetIdentity,
+    target: TargetIdentity,
 ) -> Node {
     start_drafter_kind(host, proposer, target, "dspark").await
 }
@@ -126,7 +122,7 @@ pub async fn start_drafter_on(
 pub async fn start_drafter_kind(
     host: &str,
     proposer: Arc<dyn Proposer>,
-    target: pb::TargetIdentity,
+    target: TargetIdentity,
     kind: &str,
 ) -> Node {
     let cfg = DrafterConfig {

@@ -13,9 +13,9 @@ use candle_core::Device;
 use clap::Args;
 use tandem_assistant::{AssistantOptions, AssistantProposer};
 use tandem_core::calibration::Calibration;
-use tandem_core::Proposer;
+use tandem_core::{Proposer, TargetIdentity};
 use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
-use tandem_gemma::{TargetHead, TargetIdentity};
+use tandem_gemma::TargetHead;
 
 use crate::models::ModelArgs;
 

@@ -8,7 +8,6 @@ use anyhow::{anyhow, Result};
 use clap::Args;
 use tandem_core::Verification;
 use tandem_drafter::{Drafter, DrafterConfig};
-use tandem_proto::v1 as pb;
 use tandem_serving::Listeners;
 use tandem_verifier::{Verifier, VerifierSettings};
 
@@ -204,10 +203,7 @@ pub(crate) fn drafter_server(
         eprintln!("tandem: drafter is randomly initialised (--drafter random): output is exact, acceptance near zero");
     }
     let cfg = DrafterConfig {
-        target: pb::TargetIdentity {
-            architecture: loaded.target.architecture,
-            embedding_hash: loaded.target.embedding_hash,
-        },
+        target: loaded.target,
         kind: loaded.kind.into(),
         max_sessions: opts.max_sessions,
     };

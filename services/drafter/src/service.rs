@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pb::draft_request::Msg;
-use tandem_core::{ProposeRequest, Proposer, ProposerSession, SnapshotSpec};
+use tandem_core::{ProposeRequest, Proposer, ProposerSession, SnapshotSpec, TargetIdentity};
 use tandem_proto::codec::{block_to_pb, rows_from_pb, sampling_from_pb};
 use tandem_proto::spec::{spec_from_pb, spec_to_pb};
 use tandem_proto::v1 as pb;
@@ -26,7 +26,7 @@ const RESPONSE_BUFFER: usize = 4;
 /// What a drafter serves.
 pub struct DrafterConfig {
     /// The target this drafter's model was made for.
-    pub target: pb::TargetIdentity,
+    pub target: TargetIdentity,
     /// Drafter kind for Info ("dspark" or "gemma4-assistant").
     pub kind: String,
     /// Most sessions open at once.
@@ -103,7 +103,7 @@ impl pb::drafter_server::Drafter for DrafterService {
         let taps = spec.tap_layers();
         let legacy = taps.len() == spec.parts.len() && spec.parts.iter().all(|p| p.width == hidden);
         Ok(Response::new(pb::DrafterInfo {
-            target: Some(self.shared.cfg.target.clone()),
+            target: Some(self.shared.cfg.target.clone().into()),
             taps: match legacy {
                 true => taps.iter().map(|t| *t as u32).collect(),
                 false => Vec::new(),
@@ -213,10 +213,11 @@ fn run_session(shared: &Shared, link: &mut Link) -> Result<(), DrafterError> {
 /// rows it will send, exactly this drafter's snapshot.
 fn check_open(shared: &Shared, open: &pb::Open) -> Result<SnapshotSpec, DrafterError> {
     let ours = &shared.cfg.target;
-    if open.target.as_ref() != Some(ours) {
+    let theirs = open.target.clone().map(TargetIdentity::from);
+    if theirs.as_ref() != Some(ours) {
         return Err(DrafterError::TargetMismatch {
             ours: describe(Some(ours)),
-            theirs: describe(open.target.as_ref()),
+            theirs: describe(theirs.as_ref()),
         });
     }
     let spec = shared.proposer.snapshot_spec();
@@ -258,7 +259,7 @@ fn propose(
     Ok(block_to_pb(&block, secs))
 }
 
-fn describe(t: Option<&pb::TargetIdentity>) -> String {
+fn describe(t: Option<&TargetIdentity>) -> String {
     t.map_or_else(
         || "no target".to_string(),
         |t| {

@@ -141,11 +141,7 @@ impl VerifierBuilder {
     /// another target) and starts their periodic refresh.
     pub async fn build(self) -> Result<Verifier, VerifierError> {
         let s = self.settings;
-        let identity = self.engine.model().identity()?;
-        let target = pb::TargetIdentity {
-            architecture: identity.architecture,
-            embedding_hash: identity.embedding_hash,
-        };
+        let target = pb::TargetIdentity::from(self.engine.model().identity()?);
         let registry = Arc::new(Registry::new());
         let metrics = Arc::new(VerifierMetrics::new(&registry, s.gamma));
         let pool = match s.drafters.is_empty() {

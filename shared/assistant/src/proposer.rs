@@ -6,12 +6,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tandem_core::calibration::Calibration;
+use tandem_core::TargetIdentity;
 use tandem_core::{
     PartSpec, ProposeError, Proposer, ProposerSession, Sampler, SamplingParams, SnapshotPart,
     SnapshotSpec,
 };
 use tandem_gemma::gemma4::{AssistantConfig, Gemma4Assistant, Gemma4Config, Gemma4Embedding};
-use tandem_gemma::TargetIdentity;
 
 use crate::error::AssistantError;
 use crate::session::AssistantSession;

@@ -8,6 +8,7 @@ pub mod block;
 pub mod calibration;
 pub mod cut;
 pub mod gamma;
+pub mod identity;
 pub mod lookup;
 pub mod proposer;
 pub mod sampling;
@@ -18,6 +19,7 @@ pub use ab::{AbError, ArmSummary, Comparison, Interval, PromptRun};
 pub use acceptance::{accept_greedy, accept_sampled, Verdict, Verification};
 pub use block::{accept_block, BlockPlan, ExpectedKept};
 pub use gamma::{GammaPolicy, GammaPolicyConfig, Learnt, Observed, CARRIED_ROUNDS};
+pub use identity::TargetIdentity;
 pub use proposer::{
     DraftBlock, DraftSource, ProposeError, ProposeRequest, Proposer, ProposerSession,
 };

@@ -12,7 +12,8 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 use tandem_core::calibration::{Calibration, CALIBRATION_VERSION};
-use tandem_gemma::{TargetHead, TargetIdentity};
+use tandem_core::TargetIdentity;
+use tandem_gemma::TargetHead;
 
 use crate::config::{DraftVocab, DsparkConfig, TargetDims};
 use crate::error::{DsparkError, Result};

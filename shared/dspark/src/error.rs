@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use tandem_gemma::TargetIdentity;
+use tandem_core::TargetIdentity;
 
 /// Everything that can go wrong building, loading, training or running a drafter.
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 
 use candle_core::{Device, Tensor, Var};
-use tandem_gemma::{TargetHead, TargetIdentity};
+use tandem_core::TargetIdentity;
+use tandem_gemma::TargetHead;
 
 use crate::backbone::Shape;
 use crate::config::{DraftVocab, DsparkConfig, TargetDims};

@@ -8,11 +8,12 @@ mod common;
 
 use std::sync::Arc;
 
+use tandem_core::TargetIdentity;
 use tandem_core::{SamplingParams, SnapshotSpec, SnapshotSupport};
 use tandem_engine::{
     Engine, GenerationRequest, Result, Target, TargetFacts, TargetSequence, TargetStep,
 };
-use tandem_gemma::{LogitsMode, TargetHead, TargetIdentity};
+use tandem_gemma::{LogitsMode, TargetHead};
 
 use common::{engine, generate, request, spec_270m, Oracle, Spoil};
 

@@ -5,7 +5,8 @@
 
 use half::{bf16, f16};
 use tandem_core::{
-    DraftBlock, DraftSource, FinishReason, SamplingParams, SnapshotRows, SparseDist, Verification,
+    DraftBlock, DraftSource, FinishReason, SamplingParams, SnapshotRows, SparseDist,
+    TargetIdentity, Verification,
 };
 
 use crate::v1 as pb;
@@ -89,6 +90,24 @@ impl From<pb::Block> for DraftBlock {
             dists: b.dists.into_iter().map(SparseDist::from).collect(),
             source,
             calibrated: b.calibrated,
+        }
+    }
+}
+
+impl From<TargetIdentity> for pb::TargetIdentity {
+    fn from(t: TargetIdentity) -> Self {
+        Self {
+            architecture: t.architecture,
+            embedding_hash: t.embedding_hash,
+        }
+    }
+}
+
+impl From<pb::TargetIdentity> for TargetIdentity {
+    fn from(t: pb::TargetIdentity) -> Self {
+        Self {
+            architecture: t.architecture,
+            embedding_hash: t.embedding_hash,
         }
     }
 }
@@ -220,6 +239,20 @@ mod tests {
             width: 4,
             data: vec![1.0, -2.5, 0.125, 3.0, 1e-3, 7.0, -0.0, 65504.0],
         }
+    }
+
+    #[test]
+    fn a_target_identity_round_trips() {
+        let t = TargetIdentity {
+            architecture: "gemma3".into(),
+            embedding_hash: "ab".repeat(32),
+        };
+        let wire = pb::TargetIdentity::from(t.clone());
+        assert_eq!(
+            (wire.architecture.as_str(), wire.embedding_hash.as_str()),
+            ("gemma3", t.embedding_hash.as_str())
+        );
+        assert_eq!(TargetIdentity::from(wire), t);
     }
 
     #[test]

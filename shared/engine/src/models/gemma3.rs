@@ -3,10 +3,11 @@
 //! order.
 
 use candle_core::Tensor;
+use tandem_core::TargetIdentity;
 use tandem_core::{SnapshotPart, SnapshotSpec, SnapshotSupport};
 use tandem_gemma::{
     DeviceGemma3, ForwardOptions, Gemma3, Gemma3Model, GemmaConfig, LogitsMode, SequenceCache,
-    TargetHead, TargetIdentity,
+    TargetHead,
 };
 
 use super::{Target, TargetFacts, TargetSequence, TargetStep};

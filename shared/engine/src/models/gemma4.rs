@@ -4,9 +4,10 @@
 
 use std::sync::Arc;
 
+use tandem_core::TargetIdentity;
 use tandem_core::{SnapshotPart, SnapshotSpec, SnapshotSupport};
 use tandem_gemma::gemma4::{Gemma4, Gemma4Cache};
-use tandem_gemma::{LogitsMode, TargetHead, TargetIdentity};
+use tandem_gemma::{LogitsMode, TargetHead};
 
 use super::{Target, TargetFacts, TargetSequence, TargetStep};
 use crate::error::{EngineError, Result};

@@ -11,8 +11,9 @@ mod gemma4;
 pub use gemma4::Gemma4Target;
 
 use candle_core::Tensor;
+use tandem_core::TargetIdentity;
 use tandem_core::{SnapshotSpec, SnapshotSupport};
-use tandem_gemma::{LogitsMode, TargetHead, TargetIdentity, TopRow};
+use tandem_gemma::{LogitsMode, TargetHead, TopRow};
 
 use crate::error::Result;
 

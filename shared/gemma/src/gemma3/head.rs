@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
-use sha2::{Digest, Sha256};
+use tandem_core::TargetIdentity;
 use tandem_kernels::QMatrix;
 
 use super::config::GemmaConfig;
@@ -19,25 +19,6 @@ use super::names::Role;
 use crate::error::{GemmaError, Result};
 use crate::loader::{self, TensorSource};
 use crate::ops::softcap;
-
-/// Every `IDENTITY_ROW_STRIDE`-th embedding row enters [`TargetHead::identity`].
-const IDENTITY_ROW_STRIDE: usize = 64;
-
-/// Which target a drafter was made for: architecture plus a hash of its embedding.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TargetIdentity {
-    /// Model family, `"gemma3"`.
-    pub architecture: String,
-    /// Hex SHA-256 over the vocabulary size, the hidden size and the dequantized values
-    /// of every 64th embedding row (so a GGUF and its f32 HF export hash the same).
-    pub embedding_hash: String,
-}
-
-impl std::fmt::Display for TargetIdentity {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}", self.architecture, self.embedding_hash)
-    }
-}
 
 /// The input embedding and output head of a Gemma 3 target. Cheap to clone (the weights
 /// are shared).
@@ -197,24 +178,10 @@ impl TargetHead {
         Ok(Tensor::from_vec(data, (ids.len(), h), &Device::Cpu)?)
     }
 
-    /// The target's identity (see [`TargetIdentity`]).
+    /// The target's identity (see [`TargetIdentity::of_embedding`]).
     pub fn identity(&self) -> Result<TargetIdentity> {
-        let mut hasher = Sha256::new();
-        hasher.update((self.vocab() as u64).to_le_bytes());
-        hasher.update((self.hidden() as u64).to_le_bytes());
-        let mut row = vec![0f32; self.hidden()];
-        for r in (0..self.vocab()).step_by(IDENTITY_ROW_STRIDE) {
-            self.embed.dequantize_row(r, &mut row)?;
-            row.iter().for_each(|x| hasher.update(x.to_le_bytes()));
-        }
-        let hash = hasher
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        Ok(TargetIdentity {
-            architecture: "gemma3".into(),
-            embedding_hash: hash,
+        TargetIdentity::of_embedding("gemma3", self.vocab(), self.hidden(), |r, row| {
+            self.embed.dequantize_row(r, row)
         })
     }
 }

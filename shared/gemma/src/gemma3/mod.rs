@@ -22,6 +22,6 @@ pub use convert::{export_hf, hf_config_json};
 pub use device::{DeviceGemma3, DeviceOptions};
 pub use device_cache::DeviceCache;
 pub use forward::{Gemma3Model, SequenceCache};
-pub use head::{RestrictedHead, TargetHead, TargetIdentity};
+pub use head::{RestrictedHead, TargetHead};
 pub use kv_cache::KvCache;
 pub use model::{ForwardOptions, ForwardOutput, Gemma3, LoadOptions, LogitsMode, Precision};

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
-use sha2::{Digest, Sha256};
+use tandem_core::TargetIdentity;
 use tandem_kernels::QMatrix;
 
 use super::block::{linear, FeedForward, Query, Weights};
@@ -24,7 +24,6 @@ use super::ple::{PerLayerGate, PerLayerInputs};
 use crate::attention::{attend, AttnSpec};
 use crate::error::{GemmaError, Result};
 use crate::gemma3::LogitsMode;
-use crate::gemma3::TargetIdentity;
 use crate::ops::{rms_norm, rms_norm_rows, softcap, Rope};
 
 /// The target's input embedding scaled by `sqrt(hidden)`, as its decoder (and the assistant
@@ -53,27 +52,13 @@ impl Gemma4Embedding {
         })
     }
 
-    /// The target's identity: architecture `gemma4` and the SHA-256 over the vocabulary
-    /// size, the hidden size and every 64th (unscaled) embedding row, as Gemma 3 targets
-    /// hash theirs.
+    /// The target's identity: architecture `gemma4` and the hash of every 64th (unscaled)
+    /// embedding row ([`TargetIdentity::of_embedding`]), as Gemma 3 targets hash theirs.
     pub fn identity(&self) -> Result<TargetIdentity> {
-        let mut hasher = Sha256::new();
-        hasher.update((self.vocab_size() as u64).to_le_bytes());
-        hasher.update((self.width() as u64).to_le_bytes());
-        let mut row = vec![0f32; self.width()];
-        for r in (0..self.vocab_size()).step_by(IDENTITY_ROW_STRIDE) {
-            self.table.dequantize_row(r, &mut row)?;
-            row.iter().for_each(|x| hasher.update(x.to_le_bytes()));
-        }
-        let hash = hasher
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        Ok(TargetIdentity {
-            architecture: "gemma4".into(),
-            embedding_hash: hash,
+        TargetIdentity::of_embedding("gemma4", self.vocab_size(), self.width(), |r, row| {
+            self.table.dequantize_row(r, row)
         })
+        .map_err(GemmaError::from)
     }
 
     /// Width of one embedding.
@@ -100,9 +85,6 @@ impl Gemma4Embedding {
         Ok(())
     }
 }
-
-/// Every `IDENTITY_ROW_STRIDE`-th embedding row enters [`Gemma4Embedding::identity`].
-const IDENTITY_ROW_STRIDE: usize = 64;
 
 /// A target config read from `dir/config.json`, with its KV sharing checked.
 fn parse_config(dir: &Path, text: &str) -> Result<Gemma4Config> {
