@@ -15,7 +15,7 @@ use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
 use tandem_engine::Engine;
 use tandem_gemma::Gemma3;
 use tandem_proto::v1 as pb;
-use tandem_serving::{Listeners, Running};
+use tandem_serving::{Listeners, Running, Serve};
 use tandem_tokenizer::GemmaTokenizer;
 use tandem_verifier::{Resolve, Verifier, VerifierSettings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -5,7 +5,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 
 use anyhow::{anyhow, Result};
 use tandem_engine::Engine;
-use tandem_serving::Running;
+use tandem_serving::{Running, Serve};
 
 use crate::drafter::DrafterArgs;
 use crate::models::ModelArgs;

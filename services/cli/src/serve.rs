@@ -8,7 +8,7 @@ use anyhow::{anyhow, Result};
 use clap::Args;
 use tandem_core::Verification;
 use tandem_drafter::{Drafter, DrafterConfig};
-use tandem_serving::Listeners;
+use tandem_serving::{Listeners, Serve};
 use tandem_verifier::{Verifier, VerifierSettings};
 
 use crate::drafter::DrafterArgs;

@@ -10,4 +10,4 @@ mod service;
 pub use error::DrafterError;
 pub use server::Drafter;
 pub use service::DrafterConfig;
-pub use tandem_serving::{Listeners, Running, ServeError};
+pub use tandem_serving::{Listeners, Running, Serve, ServeError};

@@ -1,14 +1,13 @@
 //! Assembling the drafter: [`Drafter::new`] takes a proposer and a [`DrafterConfig`] and
-//! builds the whole service (metrics, the Drafter handlers); [`Drafter::serve`] runs it with
-//! health, reflection, `/metrics`, a warm-up before SERVING and shutdown (tandem-serving).
-//! The CLI and the tests assemble drafters only through here.
+//! builds the whole service (metrics, the Drafter handlers); [`Serve::serve`]
+//! (tandem-serving) runs it with health, reflection, `/metrics`, a warm-up before SERVING
+//! and shutdown. The CLI and the tests assemble drafters only through here.
 
-use std::future::Future;
 use std::sync::Arc;
 
 use tandem_core::{ProposeRequest, Proposer, SamplingParams, SnapshotRows};
 use tandem_proto::v1 as pb;
-use tandem_serving::{App, Listeners, Running, ServeError};
+use tandem_serving::{App, Serve, ServeError};
 use tandem_telemetry::Registry;
 use tonic::server::NamedService;
 use tonic::service::Routes;
@@ -34,9 +33,10 @@ impl Drafter {
             registry,
         }
     }
+}
 
-    /// The service with health, reflection, `/metrics` and its warm-up.
-    pub fn app(self) -> App {
+impl Serve for Drafter {
+    fn app(self) -> App {
         let proposer = Arc::clone(self.service.proposer());
         App {
             routes: Routes::new(Server::new(self.service)),
@@ -44,20 +44,6 @@ impl Drafter {
             registry: self.registry,
             warm_up: Box::new(move || warm_up(proposer.as_ref())),
         }
-    }
-
-    /// Serves on `listeners` until `shutdown` resolves.
-    pub async fn serve(
-        self,
-        listeners: Listeners,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> Result<(), ServeError> {
-        tandem_serving::serve(self.app(), listeners, shutdown).await
-    }
-
-    /// Serves on `listeners` in the background until the handle is stopped or dropped.
-    pub fn spawn(self, listeners: Listeners) -> Result<Running, ServeError> {
-        tandem_serving::spawn(self.app(), listeners)
     }
 }
 

@@ -14,4 +14,4 @@ mod service;
 pub use error::VerifierError;
 pub use pool::{Lookup, Resolve, Source, SystemResolver};
 pub use server::{Verifier, VerifierBuilder, VerifierSettings};
-pub use tandem_serving::{Listeners, Running, ServeError};
+pub use tandem_serving::{Listeners, Running, Serve, ServeError};

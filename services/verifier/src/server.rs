@@ -1,10 +1,9 @@
 //! Assembling the verifier: [`Verifier::builder`] takes an engine and [`VerifierSettings`]
 //! and builds the whole service (metrics, the drafter pool with its refresh, admission, the
-//! Generation handlers); [`Verifier::serve`] runs it with health, reflection, `/metrics`,
-//! a warm-up before SERVING and shutdown (tandem-serving). The CLI and the tests assemble
+//! Generation handlers); [`Serve::serve`] (tandem-serving) runs it with health, reflection,
+//! `/metrics`, a warm-up before SERVING and shutdown. The CLI and the tests assemble
 //! verifiers only through here.
 
-use std::future::Future;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +11,7 @@ use std::time::Duration;
 use tandem_core::Verification;
 use tandem_engine::{Engine, GenerationRequest, Update};
 use tandem_proto::v1 as pb;
-use tandem_serving::{App, Listeners, Running, ServeError};
+use tandem_serving::{App, Serve, ServeError};
 use tandem_telemetry::Registry;
 use tonic::server::NamedService;
 use tonic::service::Routes;
@@ -103,9 +102,10 @@ impl Verifier {
     pub fn engine(&self) -> &Engine {
         self.service.engine()
     }
+}
 
-    /// The service with health, reflection, `/metrics` and its warm-up.
-    pub fn app(self) -> App {
+impl Serve for Verifier {
+    fn app(self) -> App {
         let warm = self.service.clone();
         App {
             routes: Routes::new(Server::new(self.service)),
@@ -113,20 +113,6 @@ impl Verifier {
             registry: self.registry,
             warm_up: Box::new(move || warm_up(warm.engine())),
         }
-    }
-
-    /// Serves on `listeners` until `shutdown` resolves.
-    pub async fn serve(
-        self,
-        listeners: Listeners,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> Result<(), ServeError> {
-        tandem_serving::serve(self.app(), listeners, shutdown).await
-    }
-
-    /// Serves on `listeners` in the background until the handle is stopped or dropped.
-    pub fn spawn(self, listeners: Listeners) -> Result<Running, ServeError> {
-        tandem_serving::spawn(self.app(), listeners)
     }
 }
 

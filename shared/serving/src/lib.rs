@@ -63,6 +63,27 @@ pub struct App {
     pub warm_up: WarmUp,
 }
 
+/// A service this crate can run: it hands over its routes, metrics and warm-up, and gets
+/// [`Serve::serve`] and [`Serve::spawn`].
+pub trait Serve: Sized {
+    /// The service with what it needs served.
+    fn app(self) -> App;
+
+    /// Serves on `listeners` until `shutdown` resolves.
+    fn serve(
+        self,
+        listeners: Listeners,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> impl Future<Output = Result<(), ServeError>> + Send {
+        serve(self.app(), listeners, shutdown)
+    }
+
+    /// Serves on `listeners` in the background until the handle is stopped or dropped.
+    fn spawn(self, listeners: Listeners) -> Result<Running, ServeError> {
+        spawn(self.app(), listeners)
+    }
+}
+
 /// Serves `app` on `listeners` until `shutdown` resolves (or its warm-up fails).
 pub async fn serve(
     app: App,
