@@ -236,3 +236,77 @@ pub async fn wait_serving(url: &str, limit: Duration) -> Result<(), ServeError> 
     }
     Err(format!("{url} did not become ready within {limit:?}").into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+    use std::sync::mpsc;
+
+    /// An app whose one service is the older reflection API (any service other than the
+    /// two every server gets will do) and whose warm-up is `warm_up`.
+    fn app(warm_up: WarmUp) -> App {
+        let service = tonic_reflection::server::Builder::configure()
+            .build_v1alpha()
+            .expect("a reflection service");
+        App {
+            routes: Routes::new(service),
+            name: "test.Service",
+            registry: Arc::new(Registry::new()),
+            warm_up,
+        }
+    }
+
+    async fn listeners() -> Listeners {
+        let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        Listeners::bind(any, any).await.expect("listeners")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn health_turns_serving_only_after_the_warm_up() {
+        let (release, gate) = mpsc::channel::<()>();
+        let warm_up: WarmUp = Box::new(move || Ok(gate.recv()?));
+        let running = spawn(app(warm_up), listeners().await).expect("spawn");
+        let url = running.url();
+        let mut status = None;
+        for _ in 0..100 {
+            status = health(&url).await;
+            if status.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            status,
+            Some(WireStatus::NotServing),
+            "cold: listening, not serving"
+        );
+        release.send(()).expect("release");
+        running
+            .wait_serving(Duration::from_secs(10))
+            .await
+            .expect("serving after the warm-up");
+        running.shutdown().await.expect("a clean stop");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_warm_up_stops_the_server_with_its_error() {
+        let warm_up: WarmUp = Box::new(|| Err("no model".into()));
+        let running = spawn(app(warm_up), listeners().await).expect("spawn");
+        let url = running.url();
+        let mut stopped = false;
+        for _ in 0..250 {
+            if health(&url).await.is_none() {
+                stopped = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(stopped, "the server stops by itself");
+        let err = running.shutdown().await.expect_err("the warm-up's error");
+        assert!(
+            err.to_string().contains("warm-up failed: no model"),
+            "{err}"
+        );
+    }
+}
