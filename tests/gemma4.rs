@@ -22,6 +22,7 @@ use tandem_engine::{Engine, Gemma4Target, GenerationRequest, Update};
 use tandem_gemma::gemma4::Gemma4;
 use tandem_proto::spec::spec_to_pb;
 use tandem_proto::v1 as pb;
+use tandem_testkit::real_tokenizer;
 use tandem_tokenizer::GemmaTokenizer;
 
 const NEW_TOKENS: u32 = 32;
@@ -32,8 +33,7 @@ fn fixtures() -> PathBuf {
 
 fn gemma4_engine() -> Engine {
     let model = Gemma4::load(&fixtures().join("target_ple")).unwrap();
-    let tok = models_dir().join("gemma-3-tokenizer/tokenizer.json");
-    let tok = GemmaTokenizer::from_file(&tok).expect("run scripts/fetch-models.sh");
+    let tok = GemmaTokenizer::from_file(&real_tokenizer()).expect("tokenizer");
     let target = Gemma4Target::new(Arc::new(model)).unwrap();
     Engine::new(Arc::new(target), Arc::new(tok))
 }

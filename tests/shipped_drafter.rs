@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use tandem_dspark::{Dspark, DsparkProposer};
-use tandem_e2e::{engine, existing};
+use tandem_e2e::engine;
 use tandem_engine::{Engine, GenerationRequest, Update};
 use tandem_gemma::{DeviceGemma3, DeviceOptions};
+use tandem_testkit::real_gguf;
 
 /// γ of the measurement (the drafter's block length).
 const GAMMA: usize = 8;
@@ -112,8 +113,7 @@ fn drafts_for_a_device_target() {
         device: Device::Cpu,
         dtype: DType::F32,
     };
-    let model = DeviceGemma3::load(&existing("gemma-3-270m/gemma-3-270m-q4_k_m.gguf"), opts)
-        .expect("device model");
+    let model = DeviceGemma3::load(&real_gguf(), opts).expect("device model");
     let device = Engine::new(Arc::new(model), Arc::clone(engine().tokenizer()));
     let head = device.model().head().expect("a Gemma 3 target has a head");
     let drafter = Dspark::load(&shipped(), &head).expect("the shipped drafter loads");

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -16,38 +15,18 @@ use tandem_engine::Engine;
 use tandem_gemma::Gemma3;
 use tandem_proto::v1 as pb;
 use tandem_serving::{Listeners, Running, Serve};
+use tandem_testkit::{real_gguf, real_tokenizer};
 use tandem_tokenizer::GemmaTokenizer;
 use tandem_verifier::{Resolve, Verifier, VerifierSettings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-pub fn models_dir() -> PathBuf {
-    std::env::var_os("TANDEM_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tandem/models")
-        })
-}
-
-/// The path of `rel` under the models folder, which must exist.
-pub fn existing(rel: &str) -> PathBuf {
-    let p = models_dir().join(rel);
-    assert!(
-        p.is_file(),
-        "{} missing: run scripts/fetch-models.sh first",
-        p.display()
-    );
-    p
-}
 
 /// The real target and tokenizer, loaded once per test binary.
 pub fn engine() -> Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE
         .get_or_init(|| {
-            let model =
-                Gemma3::load(&existing("gemma-3-270m/gemma-3-270m-q4_k_m.gguf")).expect("model");
-            let tok = GemmaTokenizer::from_file(&existing("gemma-3-tokenizer/tokenizer.json"))
-                .expect("tokenizer");
+            let model = Gemma3::load(&real_gguf()).expect("model");
+            let tok = GemmaTokenizer::from_file(&real_tokenizer()).expect("tokenizer");
             Engine::new(Arc::new(model), Arc::new(tok))
         })
         .clone()

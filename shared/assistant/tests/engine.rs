@@ -17,6 +17,7 @@ use tandem_core::{distribution, ProposeRequest, Proposer, SamplingParams, Snapsh
 use tandem_engine::{Engine, Gemma4Target, GenerationRequest, Outcome, Target, Update};
 use tandem_gemma::gemma4::{DraftRow, Gemma4, Gemma4Assistant};
 use tandem_gemma::{GemmaError, LogitsMode};
+use tandem_testkit::real_tokenizer;
 use tandem_tokenizer::GemmaTokenizer;
 
 fn fixtures() -> PathBuf {
@@ -24,17 +25,7 @@ fn fixtures() -> PathBuf {
 }
 
 fn tokenizer() -> GemmaTokenizer {
-    let dir = std::env::var_os("TANDEM_MODELS_DIR").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/tandem/models"),
-        PathBuf::from,
-    );
-    let path = dir.join("gemma-3-tokenizer/tokenizer.json");
-    assert!(
-        path.is_file(),
-        "{} missing: run scripts/fetch-models.sh",
-        path.display()
-    );
-    GemmaTokenizer::from_file(&path).unwrap()
+    GemmaTokenizer::from_file(&real_tokenizer()).unwrap()
 }
 
 fn engine() -> Engine {

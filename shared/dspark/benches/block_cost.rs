@@ -1,12 +1,11 @@
 //! Cost of one DSpark drafting round on this CPU with a drafter sized for Gemma 3 270M
 //! (hidden 640, 18 layers) and the real Q4_K_M head read from the models folder
-//! (`TANDEM_MODELS_DIR`, default `~/.cache/tandem/models`): `propose` of a γ = 8 block with
+//! (`tandem_testkit::models_dir`): `propose` of a γ = 8 block with
 //! the context already in the session cache, and `extend` by one round's 9 rows, at context
 //! 256 and 1024, with the full 262 144-token vocabulary and with a 32k draft vocabulary.
 //!
 //! Run with `cargo bench -p tandem-dspark --bench block_cost`.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,19 +13,12 @@ use criterion::{BatchSize, BenchmarkId, Criterion};
 use tandem_core::{ProposeRequest, Proposer, ProposerSession, SamplingParams, SnapshotRows};
 use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer};
 use tandem_gemma::TargetHead;
+use tandem_testkit::real_gguf;
 
 const GAMMA: usize = 8;
 const CONTEXTS: [usize; 2] = [256, 1024];
 /// Rows committed by one fully accepted round (γ drafted + the bonus).
 const ROUND_ROWS: usize = GAMMA + 1;
-
-fn head_path() -> PathBuf {
-    let dir = std::env::var_os("TANDEM_MODELS_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tandem/models")))
-        .unwrap_or_default();
-    dir.join("gemma-3-270m/gemma-3-270m-q4_k_m.gguf")
-}
 
 fn config(draft_vocab: Option<Vec<u32>>) -> DsparkConfig {
     DsparkConfig {
@@ -56,7 +48,7 @@ fn session(p: &DsparkProposer, ctx: usize) -> Box<dyn ProposerSession> {
 }
 
 fn bench(c: &mut Criterion) {
-    let head = TargetHead::load(&head_path()).expect("run scripts/fetch-models.sh first");
+    let head = TargetHead::load(&real_gguf()).expect("the real head");
     let vocabs = [("full", None), ("32k", Some((0..32_768).collect()))];
     let mut group = c.benchmark_group("dspark_block");
     group

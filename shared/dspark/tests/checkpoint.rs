@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use tandem_core::{Sampler, SamplingParams};
 use tandem_dspark::{DraftRequest, Dspark, DsparkConfig, DsparkError, SaveOptions, MANIFEST};
+use tandem_testkit::Lcg;
 
 fn drafted(model: &Dspark, head: &tandem_gemma::TargetHead) -> Vec<u32> {
     let drafter = model.drafter(head).expect("drafter");

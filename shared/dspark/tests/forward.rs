@@ -7,6 +7,7 @@ mod common;
 use candle_core::{Device, Tensor};
 use common::*;
 use tandem_dspark::{Dspark, DsparkConfig, TrainBatch};
+use tandem_testkit::{max_abs_diff, Lcg};
 
 fn batch(
     taps: Vec<f32>,

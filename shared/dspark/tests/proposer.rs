@@ -12,6 +12,7 @@ use tandem_core::{
     ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams, SnapshotRows,
 };
 use tandem_dspark::{DsparkConfig, DsparkProposer};
+use tandem_testkit::{max_abs_diff, Lcg};
 
 fn proposer(cfg: DsparkConfig) -> DsparkProposer {
     let head = tiny_head(1);

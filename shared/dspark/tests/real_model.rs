@@ -11,6 +11,7 @@ use common::*;
 use tandem_core::{ProposeRequest, Proposer, SamplingParams, SnapshotRows};
 use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer};
 use tandem_gemma::{ForwardOptions, Gemma3, LogitsMode};
+use tandem_testkit::real_gguf;
 
 #[test]
 fn random_drafter_proposes_on_real_taps() {

@@ -18,6 +18,8 @@ mod launch;
 mod ledger;
 mod loader;
 mod ops;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use error::{GemmaError, Result};
 pub use gemma3::{

@@ -2,13 +2,12 @@
 //! in f32 against the CPU-kernel [`Gemma3`] on the same weights: a tiny random model over
 //! blocks crossing its sliding window, with rollback and taps, and the real Gemma 3 270M.
 
-mod common;
-
 use candle_core::{DType, Device};
-use common::*;
+use tandem_gemma::testing::{tiny_config, write_hf};
 use tandem_gemma::{
     DeviceCache, DeviceGemma3, DeviceOptions, ForwardOptions, Gemma3, GemmaError, LogitsMode,
 };
+use tandem_testkit::{max_abs_diff, real_gguf, Lcg};
 
 fn cpu_f32() -> DeviceOptions {
     DeviceOptions {

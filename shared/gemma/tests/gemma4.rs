@@ -12,10 +12,10 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 use common::gemma4::{anchor_rows, fixtures, prefill, rows};
-use common::max_abs_diff;
 use serde::Deserialize;
 use tandem_gemma::gemma4::{DonorKv, DraftRow, Gemma4, Gemma4Assistant};
 use tandem_gemma::{GemmaError, LogitsMode};
+use tandem_testkit::max_abs_diff;
 
 const TOL: f32 = 1e-4;
 

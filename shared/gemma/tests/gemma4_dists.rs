@@ -11,10 +11,10 @@ mod common;
 use std::collections::HashMap;
 
 use common::gemma4::{anchor_rows, fixtures, prefill};
-use common::max_abs_diff;
 use serde::Deserialize;
 use tandem_core::{distribution, SamplingParams, SparseDist};
 use tandem_gemma::gemma4::{Gemma4, Gemma4Assistant};
+use tandem_testkit::max_abs_diff;
 
 const TOL: f32 = 1e-4;
 

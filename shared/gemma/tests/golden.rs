@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 use common::*;
 use serde::Deserialize;
 use tandem_gemma::{Gemma3, LoadOptions, Precision};
+use tandem_testkit::real_gguf;
 
 #[derive(Deserialize)]
 struct Golden {

@@ -6,7 +6,9 @@ mod common;
 
 use candle_core::quantized::GgmlDType;
 use common::*;
+use tandem_gemma::testing::tiny_config;
 use tandem_gemma::{export_hf, Gemma3, TargetHead};
+use tandem_testkit::{bits, Lcg};
 
 fn tiny_gguf(dir: &std::path::Path, seed: u64) -> std::path::PathBuf {
     let path = dir.join("tiny.gguf");

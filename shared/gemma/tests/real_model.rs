@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 use common::*;
 use tandem_gemma::{ForwardOptions, Gemma3, LoadOptions, LogitsMode, Precision, TopRow};
 use tandem_kernels::ArgmaxScreen;
+use tandem_testkit::{bits, max_abs_diff, real_gguf, real_tokenizer, Lcg};
 
 fn model() -> &'static Gemma3 {
     static M: OnceLock<Gemma3> = OnceLock::new();
@@ -23,8 +24,7 @@ fn int8_model() -> Gemma3 {
 }
 
 fn tandem_tokenizer_ids(text: &str) -> Vec<u32> {
-    let path = models_dir().join("gemma-3-tokenizer/tokenizer.json");
-    let tok = tokenizers::Tokenizer::from_file(&path).expect("tokenizer");
+    let tok = tokenizers::Tokenizer::from_file(real_tokenizer()).expect("tokenizer");
     let mut ids = vec![2];
     ids.extend(tok.encode(text, false).expect("encode").get_ids());
     ids

@@ -8,7 +8,9 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use common::*;
 use proptest::prelude::*;
+use tandem_gemma::testing::{tiny_config, write_hf};
 use tandem_gemma::{ForwardOptions, Gemma3, GemmaError, LogitsMode};
+use tandem_testkit::{bits, max_abs_diff, Lcg};
 
 fn tiny_hf(cfg: &tandem_gemma::GemmaConfig) -> (tempfile::TempDir, Gemma3) {
     let dir = tempfile::tempdir().expect("tempdir");

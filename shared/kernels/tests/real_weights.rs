@@ -2,29 +2,13 @@
 //! storage type the model uses, `matmul` (8-bit activations) and the exact `LaneMatrix`
 //! product (f32 activations) against an f64 product of the dequantized weights.
 
-use std::path::PathBuf;
-
 use candle_core::quantized::gguf_file;
 use tandem_kernels::{LaneMatrix, QMatrix, QType};
-
-fn gguf_path() -> PathBuf {
-    let dir = std::env::var_os("TANDEM_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tandem/models")
-        });
-    let p = dir.join("gemma-3-270m/gemma-3-270m-q4_k_m.gguf");
-    assert!(
-        p.is_file(),
-        "{} missing: run scripts/fetch-models.sh first",
-        p.display()
-    );
-    p
-}
+use tandem_testkit::real_gguf;
 
 /// The first `max_rows` rows of a GGUF tensor as a [`QMatrix`].
 fn load(name: &str, max_rows: usize) -> QMatrix {
-    let path = gguf_path();
+    let path = real_gguf();
     let mut file = std::fs::File::open(&path).expect("open");
     let content = gguf_file::Content::read(&mut file).expect("gguf");
     let info = &content.tensor_infos[name];

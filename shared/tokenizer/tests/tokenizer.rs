@@ -1,28 +1,12 @@
 //! Tests against the real Gemma 3 tokenizer (fetched by scripts/fetch-models.sh).
 
-use std::path::PathBuf;
-
 use proptest::prelude::*;
+use tandem_testkit::real_tokenizer;
 use tandem_tokenizer::GemmaTokenizer;
-
-fn tokenizer_path() -> PathBuf {
-    let dir = std::env::var_os("TANDEM_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tandem/models")
-        });
-    let path = dir.join("gemma-3-tokenizer/tokenizer.json");
-    assert!(
-        path.is_file(),
-        "{} missing: run scripts/fetch-models.sh first",
-        path.display()
-    );
-    path
-}
 
 fn tok() -> &'static GemmaTokenizer {
     static TOK: std::sync::OnceLock<GemmaTokenizer> = std::sync::OnceLock::new();
-    TOK.get_or_init(|| GemmaTokenizer::from_file(&tokenizer_path()).expect("load tokenizer"))
+    TOK.get_or_init(|| GemmaTokenizer::from_file(&real_tokenizer()).expect("load tokenizer"))
 }
 
 fn stream_all(ids: &[u32]) -> (String, Vec<String>) {

@@ -8,7 +8,9 @@ mod common;
 
 use candle_core::{DType, Device};
 use common::*;
+use tandem_gemma::testing::{tiny_config, write_hf};
 use tandem_gemma::{DeviceGemma3, DeviceOptions, Gemma3};
+use tandem_testkit::bits;
 use tandem_train::batch::frequent_ids;
 use tandem_train::store::SampleStore;
 use tandem_train::teacher::{forced, Pool, TeacherConfig};
@@ -155,7 +157,7 @@ fn batched_generation_makes_the_one_at_a_time_samples() {
 fn stored_samples_are_read_back_instead_of_made_again() {
     let (_dir, model) = tiny_target();
     let other_dir = tempfile::tempdir().expect("tempdir");
-    write_target(other_dir.path(), &tiny_config(), 8);
+    write_hf(other_dir.path(), &tiny_config(), 8);
     let other = Gemma3::load(other_dir.path()).expect("other target");
     let store_dir = tempfile::tempdir().expect("tempdir");
     let store = SampleStore::new(store_dir.path()).expect("store");
@@ -205,7 +207,6 @@ fn teacher_forcing_a_generated_text_reproduces_its_sample() {
     assert_eq!(scored.prompt_len, generated.prompt_len);
     assert_eq!(scored.tokens, generated.tokens);
     assert_eq!(scored.dists, generated.dists);
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&scored.rows), bits(&generated.rows));
     assert!(forced(&model, &generated.tokens[..16], &cfg).is_err());
 }

@@ -1,30 +1,17 @@
 //! Helpers of the `tandem` binary's tests: running it on the real Gemma 3 270M (fetched by
 //! scripts/fetch-models.sh; tests never download) and reading what it printed.
-#![allow(dead_code)]
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
-/// Where the models are.
-pub fn models_dir() -> PathBuf {
-    std::env::var_os("TANDEM_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tandem/models")
-        })
-}
+use tandem_testkit::{models_dir, real_gguf, MODELS_DIR_ENV};
 
 /// Runs `tandem args` with the models directory set.
 pub fn tandem(args: &[&str]) -> Output {
-    let dir = models_dir();
-    assert!(
-        dir.join("gemma-3-270m/gemma-3-270m-q4_k_m.gguf").is_file(),
-        "models missing under {}: run scripts/fetch-models.sh first",
-        dir.display()
-    );
+    // The run needs the fetched model: fail here, clearly, when it is missing.
+    real_gguf();
     Command::new(env!("CARGO_BIN_EXE_tandem"))
         .args(args)
-        .env("TANDEM_MODELS_DIR", &dir)
+        .env(MODELS_DIR_ENV, models_dir())
         .env_remove("TANDEM_MODEL")
         .env_remove("TANDEM_TOKENIZER")
         .output()

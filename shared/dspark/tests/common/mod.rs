@@ -1,37 +1,21 @@
 //! Shared test helpers: a tiny random target head, tiny drafter configs and random taps.
-#![allow(dead_code, missing_docs)]
+#![allow(dead_code)]
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 use tandem_dspark::{Dspark, DsparkConfig};
+use tandem_gemma::testing::tiny_config as tiny_gemma;
 use tandem_gemma::{GemmaConfig, TargetHead};
 use tandem_kernels::{QMatrix, QType};
+use tandem_testkit::{bits, Lcg};
 
 pub const HIDDEN: usize = 16;
 pub const VOCAB: usize = 64;
 pub const LAYERS: usize = 4;
 
-/// Deterministic pseudo-random numbers in [-1, 1).
-pub struct Lcg(u64);
-
-impl Lcg {
-    pub fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    pub fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
-    }
-}
-
+/// The target of the drafter tests: the tiny Gemma 3 of `tandem_gemma::testing`, narrower
+/// and with 4 layers and a final logit softcap.
 pub fn target_config() -> GemmaConfig {
     GemmaConfig {
         vocab_size: VOCAB,
@@ -40,22 +24,9 @@ pub fn target_config() -> GemmaConfig {
         num_hidden_layers: LAYERS,
         num_attention_heads: 2,
         num_key_value_heads: 1,
-        head_dim: 8,
-        query_pre_attn_scalar: 8.0,
-        rms_norm_eps: 1e-6,
-        rope_theta: 1_000_000.0,
-        rope_local_base_freq: 10_000.0,
-        rope_scaling: None,
         sliding_window: 8,
-        sliding_window_pattern: 6,
-        layer_types: None,
-        attn_logit_softcapping: None,
         final_logit_softcapping: Some(30.0),
-        max_position_embeddings: 4096,
-        tie_word_embeddings: true,
-        hidden_activation: "gelu_pytorch_tanh".into(),
-        bos_token_id: 2,
-        eos_token_id: vec![1],
+        ..tiny_gemma()
     }
 }
 
@@ -111,35 +82,7 @@ pub fn param_bits(model: &Dspark) -> Vec<(String, Vec<u32>)> {
         .into_iter()
         .map(|(n, v)| {
             let vals: Vec<f32> = v.flatten_all().expect("flat").to_vec1().expect("vec");
-            (n, vals.iter().map(|x| x.to_bits()).collect())
+            (n, bits(&vals))
         })
         .collect()
-}
-
-pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-/// Folder of the fetched real models.
-pub fn models_dir() -> PathBuf {
-    std::env::var_os("TANDEM_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tandem/models")
-        })
-}
-
-/// The real Gemma 3 270M GGUF; panics with instructions when it was not fetched.
-pub fn real_gguf() -> PathBuf {
-    let p = models_dir().join("gemma-3-270m/gemma-3-270m-q4_k_m.gguf");
-    assert!(
-        p.is_file(),
-        "{} missing: run scripts/fetch-models.sh first",
-        p.display()
-    );
-    p
 }

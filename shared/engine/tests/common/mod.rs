@@ -1,9 +1,8 @@
 //! Shared helpers of the engine's tests: the real Gemma 3 270M (fetched by
 //! scripts/fetch-models.sh; tests never download), prompts, and test proposers.
-#![allow(dead_code, missing_docs)]
+#![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tandem_core::{
@@ -12,34 +11,15 @@ use tandem_core::{
 };
 use tandem_engine::{Engine, GenerationRequest, Outcome, Update};
 use tandem_gemma::Gemma3;
+use tandem_testkit::{real_gguf, real_tokenizer};
 use tandem_tokenizer::GemmaTokenizer;
-
-pub fn models_dir() -> PathBuf {
-    std::env::var_os("TANDEM_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tandem/models")
-        })
-}
-
-fn existing(rel: &str) -> PathBuf {
-    let p = models_dir().join(rel);
-    assert!(
-        p.is_file(),
-        "{} missing: run scripts/fetch-models.sh first",
-        p.display()
-    );
-    p
-}
 
 /// The real target and tokenizer, loaded once per test binary.
 pub fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE.get_or_init(|| {
-        let model =
-            Gemma3::load(&existing("gemma-3-270m/gemma-3-270m-q4_k_m.gguf")).expect("model");
-        let tok = GemmaTokenizer::from_file(&existing("gemma-3-tokenizer/tokenizer.json"))
-            .expect("tokenizer");
+        let model = Gemma3::load(&real_gguf()).expect("model");
+        let tok = GemmaTokenizer::from_file(&real_tokenizer()).expect("tokenizer");
         Engine::new(Arc::new(model), Arc::new(tok))
     })
 }

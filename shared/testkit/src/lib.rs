@@ -1,0 +1,15 @@
+//! The helpers every tandem crate's tests and benches share, in one place: where the real
+//! models fetched by `scripts/fetch-models.sh` live (tests never download), a deterministic
+//! pseudo-random source, and exact and approximate float comparisons.
+//!
+//! The crate depends on no other tandem crate, so any of them can take it as a
+//! dev-dependency without a second copy of itself being compiled. Fixtures of one model
+//! crate live in that crate (e.g. `tandem_gemma::testing` behind its `testing` feature).
+
+mod models;
+mod numbers;
+
+pub use models::{
+    existing, models_dir, real_gguf, real_tokenizer, MODELS_DIR_ENV, REAL_GGUF, REAL_TOKENIZER,
+};
+pub use numbers::{bits, max_abs_diff, Lcg};
