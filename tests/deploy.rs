@@ -103,19 +103,7 @@ impl ProposerSession for BigramSession {
                 t
             })
             .collect();
-        let dists = tokens
-            .iter()
-            .map(|t| SparseDist {
-                ids: vec![*t],
-                probs: vec![1.0],
-            })
-            .collect();
-        Ok(DraftBlock {
-            confidences: vec![0.5; tokens.len()],
-            tokens,
-            dists,
-            ..DraftBlock::default()
-        })
+        Ok(DraftBlock::point_masses(tokens, 0.5))
     }
 }
 

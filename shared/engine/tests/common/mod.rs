@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tandem_core::{
     DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams,
-    SnapshotRows, SnapshotSpec, SparseDist,
+    SnapshotRows, SnapshotSpec,
 };
 use tandem_engine::{Engine, GenerationRequest, Outcome, Update};
 use tandem_gemma::Gemma3;
@@ -173,19 +173,7 @@ impl ProposerSession for OracleSession {
             }
         }
         self.round += 1;
-        let dists = tokens
-            .iter()
-            .map(|t| SparseDist {
-                ids: vec![*t],
-                probs: vec![1.0],
-            })
-            .collect();
-        Ok(DraftBlock {
-            confidences: vec![1.0; tokens.len()],
-            tokens,
-            dists,
-            ..DraftBlock::default()
-        })
+        Ok(DraftBlock::point_masses(tokens, 1.0))
     }
 }
 
