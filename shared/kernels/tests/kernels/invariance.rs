@@ -4,15 +4,12 @@
 
 use proptest::prelude::*;
 use tandem_kernels::{Isa, QMatrix, QType};
+use tandem_testkit::bits;
 
 use crate::common::{exact, isas, matmul, random_acts, random_k, random_matrix, Product, Rng};
 
 /// Both products, by name.
 const PRODUCTS: [(&str, Product); 2] = [("matmul", matmul), ("exact", exact)];
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|f| f.to_bits()).collect()
-}
 
 /// Index and values of the first difference, if any.
 fn first_difference(a: &[u32], b: &[u32]) -> Option<(usize, f32, f32)> {

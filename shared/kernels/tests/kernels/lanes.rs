@@ -10,6 +10,7 @@
 
 use proptest::prelude::*;
 use tandem_kernels::{Isa, KernelError, LaneMatrix, QType};
+use tandem_testkit::bits;
 
 use crate::common::{isas, random_acts, random_matrix, reference, Rng};
 use crate::matmul::check_close;
@@ -47,10 +48,6 @@ fn sequential(w_deq: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f32
         }
     }
     out
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|f| f.to_bits()).collect()
 }
 
 proptest! {
