@@ -2,12 +2,9 @@
 //! random-initialised drafter with a 32k draft vocabulary reads real taps of 20 committed
 //! positions and drafts a block of 8 valid target ids.
 
-mod common;
-
 use std::sync::Arc;
 
 use candle_core::Tensor;
-use common::*;
 use tandem_core::{ProposeRequest, Proposer, SamplingParams, SnapshotRows};
 use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer};
 use tandem_gemma::{ForwardOptions, Gemma3, LogitsMode};

@@ -10,7 +10,8 @@ impl Lcg {
         Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
 
-    /// The next number, in [-1, 1).
+    /// The next number, in [-1, 1). (Not `Iterator::next`: the stream never ends, so no
+    /// `Option`.)
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> f32 {
         self.0 = self
