@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tandem_core::{
     DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams,
-    SnapshotRows, SnapshotSpec, SparseDist,
+    SnapshotRows, SnapshotSpec,
 };
 use tandem_e2e::*;
 use tandem_verifier::{Lookup, Resolve};
