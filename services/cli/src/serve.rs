@@ -255,9 +255,11 @@ pub fn up(a: UpArgs) -> Result<()> {
         let running = drafter.spawn(d_listeners).map_err(|e| anyhow!("{e}"))?;
         running.wait_serving(READY_WAIT).await.map_err(|e| anyhow!("{e}"))?;
         let verifier = verifier_server(&a.models, vec![running.url()], &a.verifier).await?;
+        let grpc = listeners.grpc.local_addr()?;
+        let metrics = listeners.metrics.local_addr()?;
         eprintln!(
-            "tandem up: verifier on {} (metrics {}), drafter on {} (metrics {}); try\n  tandem generate --server http://{} --prompt \"The capital of France is\"",
-            a.listen, a.metrics_listen, a.drafter_listen, a.drafter_metrics_listen, a.listen
+            "tandem up: verifier on {grpc} (metrics {metrics}), drafter on {} (metrics {}); try\n  tandem generate --server http://{grpc} --prompt \"The capital of France is\"",
+            running.grpc, running.metrics
         );
         let result = verifier.serve(listeners, shutdown_signal()).await;
         let drafter = running.shutdown().await;

@@ -4,9 +4,10 @@
 
 mod common;
 
-use std::process::Output;
+use std::io::{BufRead, BufReader};
+use std::process::{Output, Stdio};
 
-use common::{assert_one_line_error, stderr, tandem};
+use common::{assert_one_line_error, command, stderr, tandem};
 
 /// `tandem generate` of 12 tokens after "1, 2, 3," with `extra` flags: it must succeed and
 /// continue the count; returns the run for further checks.
@@ -28,6 +29,66 @@ fn generate_streams_greedy_text_and_speed() {
     let out = count_on(&[]);
     let err = stderr(&out);
     assert!(err.contains("decode") && err.contains("tok/s"), "{err}");
+}
+
+#[test]
+fn up_serves_a_client_on_the_ports_it_prints_and_stops_on_sigterm() {
+    let any = "127.0.0.1:0";
+    let mut up = command(&[
+        "up",
+        "--listen",
+        any,
+        "--metrics-listen",
+        any,
+        "--drafter-listen",
+        any,
+        "--drafter-metrics-listen",
+        any,
+        "--drafter",
+        "random",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("start tandem up");
+    let mut lines = BufReader::new(up.stderr.take().expect("stderr")).lines();
+    let banner = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.starts_with("tandem up: verifier on "))
+        .expect("the banner");
+    std::thread::spawn(move || lines.for_each(drop));
+    let addr = banner["tandem up: verifier on ".len()..]
+        .split(' ')
+        .next()
+        .expect("an address");
+    assert!(
+        !addr.ends_with(":0"),
+        "the bound port, not the asked one: {banner}"
+    );
+    let url = format!("http://{addr}");
+    let args = [
+        "--server",
+        url.as_str(),
+        "--prompt",
+        "1, 2, 3,",
+        "--max-tokens",
+        "6",
+    ];
+    let out = tandem(&[&["generate"], &args[..]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(text.starts_with(" 4, 5,"), "{text:?}");
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &up.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(term.success());
+    let status = up.wait().expect("wait");
+    assert!(
+        status.success(),
+        "tandem up ends cleanly on SIGTERM: {status}"
+    );
 }
 
 #[test]

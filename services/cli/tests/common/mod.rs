@@ -5,17 +5,21 @@ use std::process::{Command, Output};
 
 use tandem_testkit::{models_dir, real_gguf, MODELS_DIR_ENV};
 
-/// Runs `tandem args` with the models directory set.
-pub fn tandem(args: &[&str]) -> Output {
+/// `tandem args` with the models directory set.
+pub fn command(args: &[&str]) -> Command {
     // The run needs the fetched model: fail here, clearly, when it is missing.
     real_gguf();
-    Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(args)
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tandem"));
+    cmd.args(args)
         .env(MODELS_DIR_ENV, models_dir())
         .env_remove("TANDEM_MODEL")
-        .env_remove("TANDEM_TOKENIZER")
-        .output()
-        .expect("run tandem")
+        .env_remove("TANDEM_TOKENIZER");
+    cmd
+}
+
+/// Runs `tandem args` to its end.
+pub fn tandem(args: &[&str]) -> Output {
+    command(args).output().expect("run tandem")
 }
 
 /// What the run printed on stderr.
