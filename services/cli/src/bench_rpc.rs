@@ -88,7 +88,7 @@ pub fn run(a: RpcArgs) -> Result<()> {
     }
     let report = serve::runtime()?.block_on(async {
         let lb = loopback::start(&a.drafter, &a.models, a.gamma, false).await?;
-        let (engine, v_url) = (lb.engine, lb.url);
+        let (engine, v_url) = (lb.engine().clone(), lb.url().to_string());
         let grpc = remote_side(&v_url, &a).await?;
         let local_drafter = a
             .drafter

@@ -192,17 +192,18 @@ pub fn run(a: SpecArgs) -> Result<()> {
     .validate()?;
     let max_gamma = a.max_gamma();
     let rt = serve::runtime()?;
-    let (engine, url) = match a.services {
-        true => {
-            let lb = rt.block_on(loopback::start(
-                &a.drafter,
-                &a.models,
-                max_gamma,
-                a.adaptive_gamma,
-            ))?;
-            (lb.engine, Some(lb.url))
-        }
-        false => (a.models.load_engine()?, None),
+    let services = match a.services {
+        true => Some(rt.block_on(loopback::start(
+            &a.drafter,
+            &a.models,
+            max_gamma,
+            a.adaptive_gamma,
+        ))?),
+        false => None,
+    };
+    let (engine, url) = match &services {
+        Some(lb) => (lb.engine().clone(), Some(lb.url().to_string())),
+        None => (a.models.load_engine()?, None),
     };
     let proposer = a
         .drafter

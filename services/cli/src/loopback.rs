@@ -11,13 +11,23 @@ use crate::drafter::DrafterArgs;
 use crate::models::ModelArgs;
 use crate::serve::{self, DrafterOptions, VerifierOptions, READY_WAIT};
 
-/// Running loopback services; both stop when this is dropped.
+/// Running loopback services; both stop when this is dropped, so it must outlive their use.
 pub struct Loopback {
-    /// The verifier's gRPC address (`http://127.0.0.1:port`).
-    pub url: String,
-    /// The verifier's engine (the same target, for in-process comparisons).
-    pub engine: Engine,
+    url: String,
+    engine: Engine,
     _servers: [Running; 2],
+}
+
+impl Loopback {
+    /// The verifier's gRPC address (`http://127.0.0.1:port`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The verifier's engine (the same target, for in-process comparisons).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
 }
 
 /// Starts a drafter serving `drafter` and a verifier with server γ `gamma` (adaptive or
