@@ -23,7 +23,7 @@ use crate::drafting::Drafting;
 use crate::error::{EngineError, Result};
 use crate::memory::PolicyMemory;
 use crate::models::{Target, TargetSequence, TargetStep};
-use crate::plan::{proposer_gamma, Plan};
+use crate::plan::Plan;
 use crate::request::GenerationRequest;
 use crate::stats::{RoundStats, SpecStats, Timing};
 
@@ -98,7 +98,7 @@ impl Engine {
         proposer: Option<&dyn Proposer>,
         sink: &mut Sink<'_>,
     ) -> Result<Outcome> {
-        let plan = self.plan(req.clone(), proposer_gamma(proposer))?;
+        let plan = self.plan(req.clone(), proposer.map_or(0, Proposer::max_gamma))?;
         self.run(&plan, proposer, sink)
     }
 

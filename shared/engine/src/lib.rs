@@ -16,8 +16,8 @@ mod stats;
 
 pub use engine::{Engine, Outcome, Sink, Update};
 pub use error::{EngineError, Result};
-pub use load::{load_target, model_type, Placement, TargetFiles};
+pub use load::{model_type, Placement, TargetFiles};
 pub use models::{Gemma4Target, Target, TargetFacts, TargetSequence, TargetStep};
-pub use plan::{drafting_gamma, proposer_gamma, Plan};
+pub use plan::{drafting_gamma, Plan};
 pub use request::GenerationRequest;
 pub use stats::{RoundStats, SpecStats, Timing};

@@ -43,7 +43,7 @@ impl Engine {
 }
 
 /// Loads the target at `path`, placed as `placement` says.
-pub fn load_target(path: &Path, placement: &Placement) -> Result<Arc<dyn Target>> {
+fn load_target(path: &Path, placement: &Placement) -> Result<Arc<dyn Target>> {
     let gemma4 = path.is_dir() && model_type(path)?.is_some_and(|t| t.starts_with("gemma4"));
     let fail = |e: tandem_gemma::GemmaError| load_error(path, e);
     Ok(match (placement, gemma4) {

@@ -3,8 +3,6 @@
 //! the request by the plan's cache size and the engine runs the same plan, so both use one
 //! computation of each rule.
 
-use tandem_core::Proposer;
-
 use crate::error::{EngineError, Result};
 use crate::models::TargetFacts;
 use crate::request::GenerationRequest;
@@ -67,11 +65,6 @@ impl Plan {
 /// proposer drafts (`proposer_max`, 0 without one).
 pub fn drafting_gamma(requested: usize, proposer_max: usize) -> usize {
     requested.min(proposer_max)
-}
-
-/// What `proposer` drafts at most per round (0 without one).
-pub fn proposer_gamma(proposer: Option<&dyn Proposer>) -> usize {
-    proposer.map_or(0, Proposer::max_gamma)
 }
 
 /// The checks that need the target: every prompt token in its vocabulary, prompt and new
