@@ -177,7 +177,6 @@ fn run_remote(url: &str, args: &GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-/// Loads the target and tokenizer named by `models` into an engine.
 /// Runs `req`, writing its text to stdout as it comes.
 fn stream(
     engine: &Engine,

@@ -6,10 +6,11 @@ use std::net::{Ipv4Addr, SocketAddr};
 use anyhow::{anyhow, Result};
 use tandem_engine::Engine;
 use tandem_serving::{Running, Serve};
+use tandem_verifier::VerifierSettings;
 
 use crate::drafter::DrafterArgs;
 use crate::models::ModelArgs;
-use crate::serve::{self, DrafterOptions, VerifierOptions, READY_WAIT};
+use crate::serve::{self, DrafterOptions, READY_WAIT};
 
 /// Running loopback services; both stop when this is dropped, so it must outlive their use.
 pub struct Loopback {
@@ -46,8 +47,13 @@ pub async fn start(
     d.wait_serving(READY_WAIT)
         .await
         .map_err(|e| anyhow!("{e}"))?;
-    let opts = VerifierOptions::fixed(gamma, adaptive);
-    let verifier = serve::verifier_server(models, vec![d.url()], &opts).await?;
+    let settings = VerifierSettings {
+        gamma,
+        adaptive_gamma: adaptive,
+        drafters: vec![d.url()],
+        ..VerifierSettings::default()
+    };
+    let verifier = serve::verifier_server(models, settings).await?;
     let engine = verifier.engine().clone();
     let v = verifier
         .spawn(serve::listen(any, any).await?)

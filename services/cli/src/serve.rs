@@ -62,11 +62,11 @@ pub struct VerifierServeArgs {
 #[derive(Args, Debug, Clone)]
 pub struct VerifierOptions {
     /// Most tokens drafted per round.
-    #[arg(long, env = "TANDEM_GAMMA", default_value_t = 8)]
+    #[arg(long, env = "TANDEM_GAMMA", default_value_t = VerifierSettings::default().gamma)]
     gamma: usize,
     /// Choose each round's draft length up to `--gamma` from the acceptance and costs each
     /// generation measures, drafting nothing when drafting does not pay.
-    #[arg(long, env = "TANDEM_ADAPTIVE_GAMMA", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "TANDEM_ADAPTIVE_GAMMA", default_value_t = VerifierSettings::default().adaptive_gamma, action = clap::ArgAction::Set)]
     adaptive_gamma: bool,
     /// How sampled rounds verify drafts when a request does not say: `block` (jointly,
     /// Sun et al. 2024; never fewer accepted tokens) or `token` (token by token).
@@ -74,22 +74,22 @@ pub struct VerifierOptions {
     verification: Verification,
     /// With an adaptive γ, verify only the part of each block whose calibrated confidences
     /// pay for its verify rows (drafters without a calibration are never cut).
-    #[arg(long, env = "TANDEM_CONFIDENCE_CUTS", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "TANDEM_CONFIDENCE_CUTS", default_value_t = VerifierSettings::default().confidence_cuts, action = clap::ArgAction::Set)]
     confidence_cuts: bool,
     /// Generations running at once.
-    #[arg(long, env = "TANDEM_MAX_CONCURRENT", default_value_t = 4)]
+    #[arg(long, env = "TANDEM_MAX_CONCURRENT", default_value_t = VerifierSettings::default().max_concurrent)]
     max_concurrent: usize,
     /// KV-cache budget in bytes over all running generations.
-    #[arg(long, env = "TANDEM_KV_CACHE_BYTES", default_value_t = 4 << 30)]
+    #[arg(long, env = "TANDEM_KV_CACHE_BYTES", default_value_t = VerifierSettings::default().kv_cache_bytes)]
     kv_cache_bytes: usize,
     /// `max_tokens` of requests that give none.
-    #[arg(long, env = "TANDEM_DEFAULT_MAX_TOKENS", default_value_t = 256)]
+    #[arg(long, env = "TANDEM_DEFAULT_MAX_TOKENS", default_value_t = VerifierSettings::default().default_max_tokens)]
     default_max_tokens: usize,
     /// Seconds between re-resolutions of drafter endpoints.
     #[arg(long, env = "TANDEM_DRAFTER_REFRESH_SECONDS", default_value_t = 10)]
     drafter_refresh_seconds: u64,
     /// Longest wait for one drafted block, in milliseconds (then the round goes on plain).
-    #[arg(long, env = "TANDEM_PROPOSE_TIMEOUT_MS", default_value_t = 2000)]
+    #[arg(long, env = "TANDEM_PROPOSE_TIMEOUT_MS", default_value_t = VerifierSettings::default().propose_timeout.as_millis() as u64)]
     propose_timeout_ms: u64,
 }
 
@@ -100,22 +100,6 @@ impl Default for DrafterOptions {
 }
 
 impl VerifierOptions {
-    /// The defaults of the flags, with `gamma` and `adaptive_gamma` given.
-    pub(crate) fn fixed(gamma: usize, adaptive_gamma: bool) -> Self {
-        let d = VerifierSettings::default();
-        Self {
-            gamma,
-            adaptive_gamma,
-            verification: d.verification,
-            confidence_cuts: d.confidence_cuts,
-            max_concurrent: d.max_concurrent,
-            kv_cache_bytes: d.kv_cache_bytes,
-            default_max_tokens: d.default_max_tokens,
-            drafter_refresh_seconds: 10,
-            propose_timeout_ms: 2000,
-        }
-    }
-
     /// The verifier's settings, drafting through `drafters`.
     pub(crate) fn settings(&self, drafters: Vec<String>) -> VerifierSettings {
         VerifierSettings {
@@ -222,23 +206,20 @@ pub fn drafter(a: DrafterServeArgs) -> Result<()> {
     })
 }
 
-/// The verifier over the `--model` target, drafting through `drafters`, assembled.
+/// The verifier over the `--model` target with `settings`, assembled.
 pub(crate) async fn verifier_server(
     models: &ModelArgs,
-    drafters: Vec<String>,
-    o: &VerifierOptions,
+    settings: VerifierSettings,
 ) -> Result<Verifier> {
     let engine = models.load_engine()?;
-    Ok(Verifier::builder(engine, o.settings(drafters))
-        .build()
-        .await?)
+    Ok(Verifier::builder(engine, settings).build().await?)
 }
 
 /// `tandem verifier`.
 pub fn verifier(a: VerifierServeArgs) -> Result<()> {
     runtime()?.block_on(async move {
         let listeners = listen(a.listen, a.metrics_listen).await?;
-        let verifier = verifier_server(&a.models, a.drafters, &a.opts).await?;
+        let verifier = verifier_server(&a.models, a.opts.settings(a.drafters)).await?;
         verifier
             .serve(listeners, shutdown_signal())
             .await
@@ -254,7 +235,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         let listeners = listen(a.listen, a.metrics_listen).await?;
         let running = drafter.spawn(d_listeners).map_err(|e| anyhow!("{e}"))?;
         running.wait_serving(READY_WAIT).await.map_err(|e| anyhow!("{e}"))?;
-        let verifier = verifier_server(&a.models, vec![running.url()], &a.verifier).await?;
+        let verifier = verifier_server(&a.models, a.verifier.settings(vec![running.url()])).await?;
         let grpc = listeners.grpc.local_addr()?;
         let metrics = listeners.metrics.local_addr()?;
         eprintln!(
