@@ -13,12 +13,13 @@ use std::time::Duration;
 use tandem_proto::v1 as pb;
 use tandem_telemetry::{serve_metrics, Registry};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::pb::health_check_response::ServingStatus as WireStatus;
 use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 /// Errors of starting or running a server.
@@ -106,22 +107,8 @@ pub async fn serve(
         app.registry,
         stopped(stop_rx),
     ));
-    let (failed_tx, mut failed_rx) = tokio::sync::oneshot::channel::<String>();
-    let (warm_up, name) = (app.warm_up, app.name);
-    tokio::spawn(async move {
-        match tokio::task::spawn_blocking(warm_up).await {
-            Ok(Ok(())) => {
-                for name in ["", name] {
-                    reporter
-                        .set_service_status(name, ServingStatus::Serving)
-                        .await;
-                }
-                tracing::info!("{name} warmed up: SERVING");
-            }
-            Ok(Err(e)) => drop(failed_tx.send(e.to_string())),
-            Err(e) => drop(failed_tx.send(e.to_string())),
-        }
-    });
+    let name = app.name;
+    let mut failed_rx = warm(app.warm_up, reporter, name);
     tracing::info!("{name} listening on {}", listeners.grpc.local_addr()?);
     let mut warm_error = None;
     let result = tonic::transport::Server::builder()
@@ -148,6 +135,34 @@ pub async fn serve(
         return Err(format!("{name} warm-up failed: {e}").into());
     }
     Ok(result?)
+}
+
+/// Runs `warm_up` on a blocking thread, then reports `name` (and the server as a whole)
+/// SERVING; the receiver gets the error of a warm-up that fails.
+fn warm(
+    warm_up: WarmUp,
+    reporter: HealthReporter,
+    name: &'static str,
+) -> oneshot::Receiver<String> {
+    let (failed, rx) = oneshot::channel();
+    tokio::spawn(async move {
+        let outcome = match tokio::task::spawn_blocking(warm_up).await {
+            Ok(done) => done.map_err(|e| e.to_string()),
+            Err(panicked) => Err(panicked.to_string()),
+        };
+        match outcome {
+            Ok(()) => {
+                for service in ["", name] {
+                    reporter
+                        .set_service_status(service, ServingStatus::Serving)
+                        .await;
+                }
+                tracing::info!("{name} warmed up: SERVING");
+            }
+            Err(e) => drop(failed.send(e)),
+        }
+    });
+    rx
 }
 
 async fn stopped(mut rx: watch::Receiver<bool>) {
