@@ -18,12 +18,10 @@ use tandem_core::{
     SnapshotPart, SnapshotRows, SnapshotSpec, TargetIdentity,
 };
 use tandem_e2e::*;
-use tandem_engine::{Engine, Gemma4Target, GenerationRequest, Update};
-use tandem_gemma::gemma4::Gemma4;
+use tandem_engine::{Engine, GenerationRequest, Placement, TargetFiles, Update};
 use tandem_proto::spec::spec_to_pb;
 use tandem_proto::v1 as pb;
 use tandem_testkit::real_tokenizer;
-use tandem_tokenizer::GemmaTokenizer;
 
 const NEW_TOKENS: u32 = 32;
 
@@ -32,10 +30,13 @@ fn fixtures() -> PathBuf {
 }
 
 fn gemma4_engine() -> Engine {
-    let model = Gemma4::load(&fixtures().join("target_ple")).unwrap();
-    let tok = GemmaTokenizer::from_file(&real_tokenizer()).expect("tokenizer");
-    let target = Gemma4Target::new(Arc::new(model)).unwrap();
-    Engine::new(Arc::new(target), Arc::new(tok))
+    let files = TargetFiles {
+        model: fixtures().join("target_ple"),
+        tokenizer: real_tokenizer(),
+    };
+    let engine = Engine::load(&files, &Placement::Cpu(Default::default())).unwrap();
+    assert_eq!(engine.model().identity().unwrap().architecture, "gemma4");
+    engine
 }
 
 fn target_of(engine: &Engine) -> TargetIdentity {

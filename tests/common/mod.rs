@@ -11,12 +11,10 @@ use std::time::Duration;
 use tandem_core::{Proposer, TargetIdentity};
 use tandem_drafter::{Drafter, DrafterConfig};
 use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
-use tandem_engine::Engine;
-use tandem_gemma::Gemma3;
+use tandem_engine::{Engine, Placement, TargetFiles};
 use tandem_proto::v1 as pb;
 use tandem_serving::{Listeners, Running, Serve};
 use tandem_testkit::{real_gguf, real_tokenizer};
-use tandem_tokenizer::GemmaTokenizer;
 use tandem_verifier::{Resolve, Verifier, VerifierSettings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -25,14 +23,16 @@ pub fn engine() -> Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE
         .get_or_init(|| {
-            let model = Gemma3::load(&real_gguf()).expect("model");
-            let tok = GemmaTokenizer::from_file(&real_tokenizer()).expect("tokenizer");
-            Engine::new(Arc::new(model), Arc::new(tok))
+            let files = TargetFiles {
+                model: real_gguf(),
+                tokenizer: real_tokenizer(),
+            };
+            Engine::load(&files, &Placement::Cpu(Default::default())).expect("the real target")
         })
         .clone()
 }
 
-/// The target's identity on the wire.
+/// The real target's identity.
 pub fn target() -> TargetIdentity {
     engine().model().identity().expect("identity")
 }

@@ -3,24 +3,24 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 use tandem_core::{
     DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams,
     SnapshotRows, SnapshotSpec,
 };
-use tandem_engine::{Engine, GenerationRequest, Outcome, Update};
-use tandem_gemma::Gemma3;
+use tandem_engine::{Engine, GenerationRequest, Outcome, Placement, TargetFiles, Update};
 use tandem_testkit::{real_gguf, real_tokenizer};
-use tandem_tokenizer::GemmaTokenizer;
 
 /// The real target and tokenizer, loaded once per test binary.
 pub fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE.get_or_init(|| {
-        let model = Gemma3::load(&real_gguf()).expect("model");
-        let tok = GemmaTokenizer::from_file(&real_tokenizer()).expect("tokenizer");
-        Engine::new(Arc::new(model), Arc::new(tok))
+        let files = TargetFiles {
+            model: real_gguf(),
+            tokenizer: real_tokenizer(),
+        };
+        Engine::load(&files, &Placement::Cpu(Default::default())).expect("the real target")
     })
 }
 
