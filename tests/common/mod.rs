@@ -104,11 +104,7 @@ pub async fn start_drafter_kind(
     target: TargetIdentity,
     kind: &str,
 ) -> Node {
-    let cfg = DrafterConfig {
-        target,
-        kind: kind.into(),
-        max_sessions: 64,
-    };
+    let cfg = DrafterConfig::new(target, kind);
     let drafter = Drafter::new(proposer, cfg);
     Node::ready(drafter.spawn(listeners(host).await).expect("spawn")).await
 }

@@ -37,6 +37,20 @@ pub struct DrafterOptions {
     /// Most drafting sessions open at once.
     #[arg(long, env = "TANDEM_MAX_SESSIONS", default_value_t = 64)]
     max_sessions: usize,
+    /// Largest request message accepted, in bytes (verifiers send context rows in chunks
+    /// below it).
+    #[arg(long, env = "TANDEM_MAX_MESSAGE_BYTES", default_value_t = 4 << 20)]
+    max_message_bytes: usize,
+    /// Seconds a session may go without a message from its verifier before it is closed.
+    #[arg(long, env = "TANDEM_IDLE_TIMEOUT_SECONDS", default_value_t = 600)]
+    idle_timeout_seconds: u64,
+    /// Seconds open sessions may go on after SIGTERM (new ones are refused meanwhile).
+    #[arg(
+        long = "drain-seconds",
+        env = "TANDEM_DRAIN_SECONDS",
+        default_value_t = 30
+    )]
+    drain_seconds: u64,
 }
 
 /// Flags of `tandem verifier`.
@@ -88,14 +102,47 @@ pub struct VerifierOptions {
     /// Seconds between re-resolutions of drafter endpoints.
     #[arg(long, env = "TANDEM_DRAFTER_REFRESH_SECONDS", default_value_t = 10)]
     drafter_refresh_seconds: u64,
-    /// Longest wait for one drafted block, in milliseconds (then the round goes on plain).
+    /// Longest wait for one drafted block, in milliseconds (then the session moves to
+    /// another drafter, or the generation goes on plain).
     #[arg(long, env = "TANDEM_PROPOSE_TIMEOUT_MS", default_value_t = VerifierSettings::default().propose_timeout.as_millis() as u64)]
     propose_timeout_ms: u64,
+    /// Requests that may wait for admission at once; more are refused (RESOURCE_EXHAUSTED).
+    #[arg(long, env = "TANDEM_MAX_QUEUED", default_value_t = VerifierSettings::default().max_queued)]
+    max_queued: usize,
+    /// Seconds a client may leave a chunk unread before its generation is dropped.
+    #[arg(long, env = "TANDEM_SLOW_CLIENT_SECONDS", default_value_t = VerifierSettings::default().slow_client_timeout.as_secs())]
+    slow_client_seconds: u64,
+    /// Seconds running generations may go on after SIGTERM (new requests are refused).
+    #[arg(long = "drain-seconds", env = "TANDEM_DRAIN_SECONDS", default_value_t = VerifierSettings::default().drain_grace.as_secs())]
+    drain_seconds: u64,
+    /// Most bytes of context rows per message to a drafter.
+    #[arg(long, env = "TANDEM_SNAPSHOT_CHUNK_BYTES", default_value_t = VerifierSettings::default().snapshot_chunk_bytes)]
+    snapshot_chunk_bytes: usize,
+    /// Longest prompt + generation accepted (default: the model's context).
+    #[arg(long, env = "TANDEM_MAX_CONTEXT")]
+    max_context: Option<usize>,
 }
 
 impl Default for DrafterOptions {
+    /// The flags' defaults (and the environment's values), as `tandem drafter` reads them.
     fn default() -> Self {
-        Self { max_sessions: 64 }
+        use clap::FromArgMatches;
+        let cmd = <Self as Args>::augment_args(clap::Command::new("drafter"));
+        Self::from_arg_matches(&cmd.get_matches_from(["drafter"]))
+            .expect("the drafter flags' defaults parse")
+    }
+}
+
+impl DrafterOptions {
+    /// The drafter's configuration for `target`, of `kind`.
+    fn config(&self, target: tandem_core::TargetIdentity, kind: &str) -> DrafterConfig {
+        DrafterConfig {
+            max_sessions: self.max_sessions,
+            max_message_bytes: self.max_message_bytes,
+            idle_timeout: Duration::from_secs(self.idle_timeout_seconds),
+            drain_grace: Duration::from_secs(self.drain_seconds),
+            ..DrafterConfig::new(target, kind)
+        }
     }
 }
 
@@ -113,6 +160,11 @@ impl VerifierOptions {
             drafters,
             drafter_refresh: Some(Duration::from_secs(self.drafter_refresh_seconds)),
             propose_timeout: Duration::from_millis(self.propose_timeout_ms),
+            max_queued: self.max_queued,
+            slow_client_timeout: Duration::from_secs(self.slow_client_seconds),
+            drain_grace: Duration::from_secs(self.drain_seconds),
+            snapshot_chunk_bytes: self.snapshot_chunk_bytes,
+            max_context: self.max_context,
             ..VerifierSettings::default()
         }
     }
@@ -186,11 +238,7 @@ pub(crate) fn drafter_server(
     if drafter.drafter == "random" {
         eprintln!("tandem: drafter is randomly initialised (--drafter random): output is exact, acceptance near zero");
     }
-    let cfg = DrafterConfig {
-        target: loaded.target,
-        kind: loaded.kind.into(),
-        max_sessions: opts.max_sessions,
-    };
+    let cfg = opts.config(loaded.target, loaded.kind);
     Ok(Drafter::new(loaded.proposer, cfg))
 }
 

@@ -24,6 +24,9 @@ pub enum DrafterError {
     /// A malformed message (wrong order, empty, bad rows).
     #[error("invalid message: {0}")]
     Invalid(String),
+    /// The verifier sent nothing for the idle timeout.
+    #[error("session idle for {0:?}: closed")]
+    Idle(std::time::Duration),
     /// The proposer refused or failed a call.
     #[error(transparent)]
     Propose(#[from] ProposeError),
@@ -37,8 +40,9 @@ impl From<DecodeError> for DrafterError {
 
 impl DrafterError {
     /// Every value of [`DrafterError::error_type`].
-    pub const TYPES: [&'static str; 6] = [
+    pub const TYPES: [&'static str; 7] = [
         "unknown_session",
+        "idle",
         "target_mismatch",
         "busy",
         "invalid",
@@ -53,6 +57,7 @@ impl DrafterError {
             Self::TargetMismatch { .. } => "target_mismatch",
             Self::Busy(_) => "busy",
             Self::Invalid(_) => "invalid",
+            Self::Idle(_) => "idle",
             Self::Propose(ProposeError::Invalid(_)) => "propose_invalid",
             Self::Propose(ProposeError::Unavailable(_)) => "propose_unavailable",
         }
@@ -67,6 +72,7 @@ impl From<DrafterError> for Status {
                 Status::failed_precondition(msg)
             }
             DrafterError::Busy(_) => Status::resource_exhausted(msg),
+            DrafterError::Idle(_) => Status::deadline_exceeded(msg),
             DrafterError::Invalid(_) | DrafterError::Propose(ProposeError::Invalid(_)) => {
                 Status::invalid_argument(msg)
             }

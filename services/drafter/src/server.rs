@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tandem_core::{ProposeRequest, Proposer, SamplingParams, SnapshotRows};
 use tandem_proto::v1 as pb;
-use tandem_serving::{App, Serve, ServeError};
+use tandem_serving::{App, Drain, Serve, ServeError};
 use tandem_telemetry::Registry;
 use tonic::server::NamedService;
 use tonic::service::Routes;
@@ -21,6 +21,7 @@ type Server = pb::drafter_server::DrafterServer<DrafterService>;
 pub struct Drafter {
     service: DrafterService,
     registry: Arc<Registry>,
+    drain: Arc<Drain>,
 }
 
 impl Drafter {
@@ -28,9 +29,11 @@ impl Drafter {
     pub fn new(proposer: Arc<dyn Proposer>, cfg: DrafterConfig) -> Self {
         let registry = Arc::new(Registry::new());
         let metrics = DrafterMetrics::new(Arc::clone(&registry));
+        let drain = Drain::new();
         Self {
-            service: DrafterService::new(proposer, cfg, metrics),
+            service: DrafterService::new(proposer, cfg, metrics, Arc::clone(&drain)),
             registry,
+            drain,
         }
     }
 }
@@ -38,11 +41,17 @@ impl Drafter {
 impl Serve for Drafter {
     fn app(self) -> App {
         let proposer = Arc::clone(self.service.proposer());
+        let cfg = self.service.config();
+        let grace = cfg.drain_grace;
+        let server =
+            Server::new(self.service.clone()).max_decoding_message_size(cfg.max_message_bytes);
         App {
-            routes: Routes::new(Server::new(self.service)),
+            routes: Routes::new(server),
             name: Server::NAME,
             registry: self.registry,
             warm_up: Box::new(move || warm_up(proposer.as_ref())),
+            drain: self.drain,
+            grace,
         }
     }
 }

@@ -1,17 +1,20 @@
 //! The `tandem.v1.Drafter` gRPC service: one bidirectional stream per generation. A session
 //! runs on its own blocking thread (drafting is CPU work) and talks to the stream through
 //! bounded channels; when the stream ends, for any reason, the session and everything the
-//! proposer holds for it are dropped.
+//! proposer holds for it are dropped. A session whose verifier sends nothing for the idle
+//! timeout is closed; while the server drains, new sessions (and Info) are refused, so
+//! verifiers open theirs elsewhere.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pb::draft_request::Msg;
 use tandem_core::{ProposeRequest, Proposer, ProposerSession, SnapshotSpec, TargetIdentity};
 use tandem_proto::codec::{block_to_pb, rows_from_pb, sampling_from_pb};
 use tandem_proto::spec::{spec_from_pb, spec_to_pb};
 use tandem_proto::v1 as pb;
+use tandem_serving::Drain;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -31,6 +34,26 @@ pub struct DrafterConfig {
     pub kind: String,
     /// Most sessions open at once.
     pub max_sessions: usize,
+    /// Largest request message accepted (context rows arrive in chunks below it).
+    pub max_message_bytes: usize,
+    /// A session whose verifier sends nothing for this long is closed.
+    pub idle_timeout: Duration,
+    /// Longest wait for open sessions once a shutdown began.
+    pub drain_grace: Duration,
+}
+
+impl DrafterConfig {
+    /// A drafter of `kind` for `target` with the default limits.
+    pub fn new(target: TargetIdentity, kind: &str) -> Self {
+        Self {
+            target,
+            kind: kind.to_string(),
+            max_sessions: 64,
+            max_message_bytes: 4 << 20,
+            idle_timeout: Duration::from_secs(600),
+            drain_grace: Duration::from_secs(30),
+        }
+    }
 }
 
 struct Shared {
@@ -39,6 +62,7 @@ struct Shared {
     metrics: DrafterMetrics,
     active: AtomicUsize,
     next_id: AtomicU64,
+    drain: Arc<Drain>,
 }
 
 /// The gRPC service over a proposer.
@@ -49,13 +73,19 @@ pub struct DrafterService {
 
 impl DrafterService {
     /// A service drafting with `proposer`.
-    pub fn new(proposer: Arc<dyn Proposer>, cfg: DrafterConfig, metrics: DrafterMetrics) -> Self {
+    pub fn new(
+        proposer: Arc<dyn Proposer>,
+        cfg: DrafterConfig,
+        metrics: DrafterMetrics,
+        drain: Arc<Drain>,
+    ) -> Self {
         let shared = Shared {
             proposer,
             cfg,
             metrics,
             active: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
+            drain,
         };
         Self {
             shared: Arc::new(shared),
@@ -65,6 +95,19 @@ impl DrafterService {
     /// The proposer, for warm-up.
     pub fn proposer(&self) -> &Arc<dyn Proposer> {
         &self.shared.proposer
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DrafterConfig {
+        &self.shared.cfg
+    }
+
+    /// Refuses new work while the server drains.
+    fn refuse_draining(&self) -> Result<(), Status> {
+        match self.shared.drain.is_draining() {
+            true => Err(Status::unavailable("the drafter is draining; use another")),
+            false => Ok(()),
+        }
     }
 }
 
@@ -76,15 +119,22 @@ impl pb::drafter_server::Drafter for DrafterService {
         &self,
         request: Request<Streaming<pb::DraftRequest>>,
     ) -> Result<Response<Self::DraftStream>, Status> {
+        let in_flight = self
+            .shared
+            .drain
+            .enter()
+            .ok_or_else(|| Status::unavailable("the drafter is draining; use another"))?;
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(RESPONSE_BUFFER);
         let shared = Arc::clone(&self.shared);
         let handle = Handle::current();
         tokio::task::spawn_blocking(move || {
+            let _in_flight = in_flight;
             let mut link = Link {
                 inbound,
                 tx,
                 handle,
+                idle: shared.cfg.idle_timeout,
             };
             if let Err(e) = run_session(&shared, &mut link) {
                 shared.metrics.error(e.error_type());
@@ -96,6 +146,7 @@ impl pb::drafter_server::Drafter for DrafterService {
     }
 
     async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::DrafterInfo>, Status> {
+        self.refuse_draining()?;
         let spec = self.shared.proposer.snapshot_spec();
         let hidden = spec.parts.first().map_or(0, |p| p.width);
         // Verifiers that predate snapshot parts read taps and hidden_size: fill them only
@@ -112,23 +163,29 @@ impl pb::drafter_server::Drafter for DrafterService {
             max_gamma: self.shared.proposer.max_gamma() as u32,
             kind: self.shared.cfg.kind.clone(),
             snapshot: spec_to_pb(&spec),
+            max_message_bytes: u32::try_from(self.shared.cfg.max_message_bytes).unwrap_or(u32::MAX),
         }))
     }
 }
 
-/// The session's two channels and the runtime that drives the inbound one.
+/// The session's two channels, the runtime that drives the inbound one and how long it
+/// waits for a message.
 struct Link {
     inbound: Streaming<pb::DraftRequest>,
     tx: mpsc::Sender<Result<pb::DraftResponse, Status>>,
     handle: Handle,
+    idle: Duration,
 }
 
 impl Link {
-    /// The next message; `None` when the verifier closed or dropped the stream.
-    fn next(&mut self) -> Option<Msg> {
-        match self.handle.block_on(self.inbound.message()) {
-            Ok(Some(m)) => Some(m.msg.unwrap_or(Msg::Close(pb::Close {}))),
-            Ok(None) | Err(_) => None,
+    /// The next message; `None` when the verifier closed or dropped the stream, an error
+    /// when it sent nothing for the idle timeout.
+    fn next(&mut self) -> Result<Option<Msg>, DrafterError> {
+        let next = tokio::time::timeout(self.idle, self.inbound.message());
+        match self.handle.block_on(next) {
+            Ok(Ok(Some(m))) => Ok(Some(m.msg.unwrap_or(Msg::Close(pb::Close {})))),
+            Ok(Ok(None) | Err(_)) => Ok(None),
+            Err(_) => Err(DrafterError::Idle(self.idle)),
         }
     }
 
@@ -165,7 +222,7 @@ impl Drop for Active<'_> {
 }
 
 fn run_session(shared: &Shared, link: &mut Link) -> Result<(), DrafterError> {
-    let open = match link.next() {
+    let open = match link.next()? {
         None | Some(Msg::Close(_)) => return Ok(()),
         Some(Msg::Open(open)) => open,
         Some(_) => return Err(DrafterError::UnknownSession),
@@ -185,7 +242,7 @@ fn run_session(shared: &Shared, link: &mut Link) -> Result<(), DrafterError> {
         return Ok(());
     }
     let width = spec.row_width();
-    while let Some(msg) = link.next() {
+    while let Some(msg) = link.next()? {
         match msg {
             Msg::Rows(rows) => {
                 shared

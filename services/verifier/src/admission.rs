@@ -1,22 +1,37 @@
 //! Admission control: a generation runs only when a concurrency slot is free and its KV
 //! cache (at most prompt + max_tokens + γ + 1 positions) fits the budget; others wait in
-//! arrival order. A request that could never fit is refused at once.
+//! arrival order, at most `max_queued` of them (more are refused with RESOURCE_EXHAUSTED).
+//! A request that could never fit is refused at once.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::VerifierError;
-use crate::metrics::VerifierMetrics;
+use crate::metrics::{Refusal, VerifierMetrics};
 
 /// Budget granularity: permits are KiB of KV cache.
 const KIB: usize = 1024;
 
-/// Slots and KV budget shared by all requests.
+/// How much may run and wait.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Generations running at once.
+    pub max_concurrent: usize,
+    /// KV-cache bytes over all running generations.
+    pub kv_bytes: usize,
+    /// Requests waiting for admission at once.
+    pub max_queued: usize,
+}
+
+/// Slots, KV budget and queue shared by all requests.
 pub struct Admission {
     slots: Arc<Semaphore>,
     kv: Arc<Semaphore>,
     kv_kib: usize,
+    waiting: AtomicUsize,
+    max_queued: usize,
     metrics: Arc<VerifierMetrics>,
 }
 
@@ -30,16 +45,37 @@ pub struct Permit {
 }
 
 impl Admission {
-    /// At most `max_concurrent` generations and `kv_bytes` of KV cache at once.
-    pub fn new(max_concurrent: usize, kv_bytes: usize, metrics: Arc<VerifierMetrics>) -> Self {
-        let kv_kib = (kv_bytes / KIB).clamp(1, Semaphore::MAX_PERMITS);
+    /// Admission within `limits`.
+    pub fn new(limits: Limits, metrics: Arc<VerifierMetrics>) -> Self {
+        let kv_kib = (limits.kv_bytes / KIB).clamp(1, Semaphore::MAX_PERMITS);
         metrics.kv_usage.set(0.0);
         Self {
-            slots: Arc::new(Semaphore::new(max_concurrent.max(1))),
+            slots: Arc::new(Semaphore::new(limits.max_concurrent.max(1))),
             kv: Arc::new(Semaphore::new(kv_kib)),
             kv_kib,
+            waiting: AtomicUsize::new(0),
+            max_queued: limits.max_queued,
             metrics,
         }
+    }
+
+    /// A permit at once when a slot and the budget are free.
+    fn try_admit(&self, need: u32) -> Option<Permit> {
+        let slot = Arc::clone(&self.slots).try_acquire_owned().ok()?;
+        let held = Arc::clone(&self.kv).try_acquire_many_owned(need).ok()?;
+        Some(self.permit(slot, held))
+    }
+
+    fn permit(&self, slot: OwnedSemaphorePermit, held: OwnedSemaphorePermit) -> Permit {
+        let permit = Permit {
+            _slot: slot,
+            held,
+            kv: Arc::clone(&self.kv),
+            kv_kib: self.kv_kib,
+            metrics: Arc::clone(&self.metrics),
+        };
+        permit.report();
+        permit
     }
 
     /// Waits until a generation needing `bytes` of KV cache may run.
@@ -54,30 +90,44 @@ impl Admission {
         }
         let need = u32::try_from(need)
             .map_err(|_| VerifierError::ResourceExhausted("request too large".into()))?;
-        self.metrics.queued.increment(1.0);
-        let waiting = Queued(&self.metrics);
+        if let Some(permit) = self.try_admit(need) {
+            return Ok(permit);
+        }
+        let waiting = Queued::enter(self);
+        if waiting.ahead >= self.max_queued {
+            self.metrics.refused(Refusal::QueueFull);
+            return Err(VerifierError::ResourceExhausted(format!(
+                "the server is busy: {} requests already wait (the queue's limit); retry later",
+                waiting.ahead
+            )));
+        }
         let slot = Arc::clone(&self.slots).acquire_owned().await;
         let kv = Arc::clone(&self.kv).acquire_many_owned(need).await;
         drop(waiting);
         let closed = || VerifierError::Unavailable("the server is shutting down".into());
-        let permit = Permit {
-            _slot: slot.map_err(|_| closed())?,
-            held: kv.map_err(|_| closed())?,
-            kv: Arc::clone(&self.kv),
-            kv_kib: self.kv_kib,
-            metrics: Arc::clone(&self.metrics),
-        };
-        permit.report();
-        Ok(permit)
+        Ok(self.permit(slot.map_err(|_| closed())?, kv.map_err(|_| closed())?))
     }
 }
 
 /// Counts a request as queued until admitted or abandoned.
-struct Queued<'a>(&'a VerifierMetrics);
+struct Queued<'a> {
+    admission: &'a Admission,
+    /// Requests that waited before this one.
+    ahead: usize,
+}
+
+impl<'a> Queued<'a> {
+    fn enter(admission: &'a Admission) -> Self {
+        admission.metrics.queued.increment(1.0);
+        let ahead = admission.waiting.fetch_add(1, Ordering::SeqCst);
+        Self { admission, ahead }
+    }
+}
 
 impl Drop for Queued<'_> {
     fn drop(&mut self) {
-        self.0.queued.decrement(1.0);
+        self.admission.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.admission.metrics.queued.decrement(1.0);
     }
 }
 
@@ -105,7 +155,12 @@ mod tests {
     fn admission(slots: usize, kib: usize) -> (Admission, Arc<Registry>) {
         let registry = Arc::new(Registry::new());
         let metrics = Arc::new(VerifierMetrics::new(&registry, 4));
-        (Admission::new(slots, kib * KIB, metrics), registry)
+        let limits = Limits {
+            max_concurrent: slots,
+            kv_bytes: kib * KIB,
+            max_queued: 1,
+        };
+        (Admission::new(limits, metrics), registry)
     }
 
     fn gauge(r: &Registry, name: &str) -> f64 {
@@ -145,5 +200,28 @@ mod tests {
         assert_eq!(gauge(&r, "tandem_kv_cache_usage_ratio"), 1.0);
         let third = tokio::time::timeout(Duration::from_millis(50), a.admit(KIB)).await;
         assert!(third.is_err(), "both slots are taken");
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_at_once_and_counts_it() {
+        let (a, r) = admission(1, 100);
+        let running = a.admit(KIB).await.expect("a free slot");
+        let mut second = Box::pin(a.admit(KIB));
+        let waited = tokio::time::timeout(Duration::from_millis(20), &mut second).await;
+        assert!(waited.is_err(), "the second waits in the queue");
+        assert_eq!(gauge(&r, "tandem_queued_requests"), 1.0);
+        let third = a.admit(KIB).await;
+        assert!(
+            matches!(&third, Err(VerifierError::ResourceExhausted(m)) if m.contains("busy")),
+            "{:?}",
+            third.err()
+        );
+        let refused = r.render();
+        assert!(
+            refused.contains("tandem_refused_requests_total{reason=\"queue_full\"} 1"),
+            "{refused}"
+        );
+        drop(running);
+        let _second = second.await.expect("admitted once the slot is free");
     }
 }

@@ -18,6 +18,9 @@ pub enum VerifierError {
     /// The server is shutting down or a worker died.
     #[error("{0}")]
     Unavailable(String),
+    /// The request's deadline passed.
+    #[error("{0}")]
+    DeadlineExceeded(String),
 }
 
 impl VerifierError {
@@ -28,6 +31,7 @@ impl VerifierError {
             Self::ResourceExhausted(_) => "resource_exhausted",
             Self::Engine(e) => e.error_type(),
             Self::Unavailable(_) => "unavailable",
+            Self::DeadlineExceeded(_) => "deadline_exceeded",
         }
     }
 }
@@ -42,6 +46,7 @@ impl From<VerifierError> for Status {
             }
             VerifierError::ResourceExhausted(_) => Status::resource_exhausted(msg),
             VerifierError::Unavailable(_) => Status::unavailable(msg),
+            VerifierError::DeadlineExceeded(_) => Status::deadline_exceeded(msg),
             VerifierError::Engine(_) => Status::internal(msg),
         }
     }

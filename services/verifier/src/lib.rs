@@ -4,7 +4,10 @@
 //! engine's (tandem-engine); this crate is admission, transport and telemetry.
 
 mod admission;
+mod client_stream;
+mod deadline;
 mod error;
+mod failover;
 mod metrics;
 mod pool;
 mod remote;

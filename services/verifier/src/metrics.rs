@@ -19,6 +19,56 @@ const REASONS: [FinishReason; 5] = [
     FinishReason::Error,
 ];
 
+/// Why a request was refused before it ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The admission queue was full.
+    QueueFull = 0,
+    /// The server was draining.
+    Draining = 1,
+    /// Its deadline passed while it waited.
+    Deadline = 2,
+}
+
+impl Refusal {
+    const ALL: [Self; 3] = [Self::QueueFull, Self::Draining, Self::Deadline];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::QueueFull => "queue_full",
+            Self::Draining => "draining",
+            Self::Deadline => "deadline",
+        }
+    }
+}
+
+/// Why the server ended a running generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Abort {
+    /// Its deadline passed.
+    Deadline = 0,
+    /// Its client stopped reading for longer than the server waits.
+    SlowClient = 1,
+}
+
+impl Abort {
+    const ALL: [Self; 2] = [Self::Deadline, Self::SlowClient];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Deadline => "deadline",
+            Self::SlowClient => "slow_client",
+        }
+    }
+}
+
+fn reasons(r: &Registry, name: &'static str, help: &'static str, reasons: &[&str]) -> Vec<Counter> {
+    reasons
+        .iter()
+        .map(|why| r.counter(name, help, &[("reason", why.to_string())]))
+        .collect()
+}
+
 /// Handles of every verifier metric.
 pub struct VerifierMetrics {
     drafts: Counter,
@@ -37,6 +87,12 @@ pub struct VerifierMetrics {
     cut_tokens: Counter,
     /// Drafter streams that failed (open, send or receive).
     pub draft_rpc_errors: Counter,
+    /// Sessions moved to another drafter after theirs died or stalled.
+    pub drafter_failovers: Counter,
+    /// Context-row messages sent to drafters.
+    pub snapshot_chunks: Counter,
+    refused: Vec<Counter>,
+    dropped: Vec<Counter>,
     /// Seconds to the first token.
     pub ttft: Histogram,
     /// Seconds between tokens.
@@ -150,6 +206,28 @@ impl VerifierMetrics {
                 "Drafter streams that failed.",
                 &[],
             ),
+            drafter_failovers: r.counter(
+                "tandem_drafter_failovers_total",
+                "Drafting sessions moved to another drafter after theirs died or stalled.",
+                &[],
+            ),
+            snapshot_chunks: r.counter(
+                "tandem_snapshot_chunks_total",
+                "Context-row messages sent to drafters (long contexts go in several).",
+                &[],
+            ),
+            refused: reasons(
+                r,
+                "tandem_refused_requests_total",
+                "Requests refused before they ran, by reason.",
+                &Refusal::ALL.map(Refusal::as_str),
+            ),
+            dropped: reasons(
+                r,
+                "tandem_dropped_requests_total",
+                "Running generations the server ended, by reason.",
+                &Abort::ALL.map(Abort::as_str),
+            ),
             ttft: secs(
                 "tandem_time_to_first_token_seconds",
                 "Time to the first token, seconds.",
@@ -237,6 +315,16 @@ impl VerifierMetrics {
         self.prompt_tokens.increment(out.prompt_tokens as u64);
         self.proposer_failures.increment(out.spec.proposer_failures);
         self.e2e.record(e2e_s);
+    }
+
+    /// Counts a request refused before it ran.
+    pub fn refused(&self, why: Refusal) {
+        self.refused[why as usize].increment(1);
+    }
+
+    /// Counts a running generation the server ended.
+    pub fn dropped(&self, why: Abort) {
+        self.dropped[why as usize].increment(1);
     }
 
     /// Counts a request by finish reason.

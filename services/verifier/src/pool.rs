@@ -2,8 +2,9 @@
 //! `http://host:port` addresses, or `dns:///name:port` names re-resolved periodically, as a
 //! headless Kubernetes Service gives one address per pod). Each endpoint is checked with
 //! Info before use; one made for another target is refused. New sessions go to the least
-//! loaded healthy drafter and stay there; endpoints that disappear keep serving the sessions
-//! they already have until those end.
+//! loaded healthy drafter; when theirs dies or stalls they move to another
+//! ([`crate::failover`]). Endpoints that disappear keep serving the sessions they already
+//! have until those end.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -18,17 +19,22 @@ use tandem_core::{
 };
 use tandem_proto::spec::spec_from_info;
 use tandem_proto::v1 as pb;
+use tandem_serving::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
 use tokio::runtime::Handle;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::VerifierError;
+use crate::failover::FailoverSession;
 use crate::metrics::VerifierMetrics;
 use crate::remote::{Link, RemoteSession, SessionOptions};
 
 /// Longest wait for a drafter's Info answer.
 const INFO_TIMEOUT: Duration = Duration::from_secs(3);
-/// Sessions tried on different drafters before giving up on speculation for a generation.
+/// Drafters tried when a session opens or moves, before giving up on speculation for a
+/// generation.
 const OPEN_ATTEMPTS: usize = 2;
+/// What a drafter that declares no message limit accepts (gRPC's default).
+const DEFAULT_MESSAGE_LIMIT: usize = 4 << 20;
 
 /// Where drafters are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,6 +124,20 @@ pub struct Member {
     /// Sessions open on it now.
     pub active: AtomicUsize,
     healthy: AtomicBool,
+    /// Largest message the drafter accepts.
+    pub max_message_bytes: usize,
+}
+
+impl Member {
+    /// Its endpoint.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Leaves it out of new sessions until a refresh finds it answering again.
+    pub fn mark_unhealthy(&self) {
+        self.healthy.store(false, Ordering::SeqCst);
+    }
 }
 
 /// What every drafter of the pool must agree on.
@@ -143,12 +163,21 @@ pub struct PoolConfig {
 pub struct DrafterPool {
     cfg: PoolConfig,
     sources: Vec<Source>,
-    members: RwLock<Vec<Arc<Member>>>,
+    members: Arc<Members>,
+    resolver: Box<dyn Resolve>,
+}
+
+/// The pool's endpoints and what opening a session on one needs; shared with the sessions,
+/// so a session can move to another drafter.
+pub(crate) struct Members {
+    list: RwLock<Vec<Arc<Member>>>,
     agreed: RwLock<Option<Agreed>>,
-    metrics: Arc<VerifierMetrics>,
+    /// The verifier's metrics.
+    pub metrics: Arc<VerifierMetrics>,
     handle: Handle,
     turn: AtomicUsize,
-    resolver: Box<dyn Resolve>,
+    /// How sessions talk to drafters.
+    pub session: SessionOptions,
 }
 
 impl DrafterPool {
@@ -163,14 +192,18 @@ impl DrafterPool {
             .iter()
             .map(|e| Source::parse(e))
             .collect::<Result<_, _>>()?;
-        Ok(Self {
-            cfg,
-            sources,
-            members: RwLock::new(Vec::new()),
+        let members = Members {
+            list: RwLock::new(Vec::new()),
             agreed: RwLock::new(None),
             metrics,
             handle,
             turn: AtomicUsize::new(0),
+            session: cfg.session.clone(),
+        };
+        Ok(Self {
+            cfg,
+            sources,
+            members: Arc::new(members),
             resolver: Box::new(SystemResolver),
         })
     }
@@ -192,10 +225,7 @@ impl DrafterPool {
     /// out until they answer.
     pub async fn refresh(&self) -> Result<(), VerifierError> {
         let mut keep: Vec<Arc<Member>> = Vec::new();
-        let current = self
-            .members
-            .read()
-            .map_or_else(|p| p.into_inner().clone(), |m| m.clone());
+        let current = self.members.all();
         for (i, source) in self.sources.iter().enumerate() {
             let urls = match source.urls(self.resolver.as_ref()).await {
                 Ok(urls) => urls,
@@ -218,15 +248,15 @@ impl DrafterPool {
             }
         }
         let healthy = keep.len();
-        *self.members.write().unwrap_or_else(|p| p.into_inner()) = keep;
-        self.metrics.drafters_available.set(healthy as f64);
+        *self.members.list.write().unwrap_or_else(|p| p.into_inner()) = keep;
+        self.members.metrics.drafters_available.set(healthy as f64);
         Ok(())
     }
 
     /// Refreshes every `every` until the runtime shuts down.
     pub fn spawn_refresh(self: &Arc<Self>, every: Duration) {
         let pool = Arc::downgrade(self);
-        self.handle.spawn(async move {
+        self.members.handle.spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
                 let Some(pool) = pool.upgrade() else { return };
@@ -248,7 +278,9 @@ impl DrafterPool {
             Ok(e) => e
                 .connect_timeout(INFO_TIMEOUT)
                 .tcp_nodelay(true)
-                .http2_keep_alive_interval(Duration::from_secs(30))
+                .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+                .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+                .keep_alive_while_idle(true)
                 .connect_lazy(),
             Err(e) => {
                 return Err(VerifierError::InvalidArgument(format!(
@@ -268,13 +300,18 @@ impl DrafterPool {
                 return Ok(None);
             }
         };
+        let max_message_bytes = match info.max_message_bytes {
+            0 => DEFAULT_MESSAGE_LIMIT,
+            n => n as usize,
+        };
         match self.compatible(&info) {
             Ok(()) => Ok(Some(Arc::new(Member {
                 url: url.to_string(),
                 source,
-                client,
+                client: client.max_encoding_message_size(max_message_bytes),
                 active: AtomicUsize::new(0),
                 healthy: AtomicBool::new(true),
+                max_message_bytes,
             }))),
             Err(why) if fixed => Err(VerifierError::InvalidArgument(format!(
                 "refusing drafter {url}: {why}"
@@ -303,7 +340,11 @@ impl DrafterPool {
             .snapshot
             .check(&spec)
             .map_err(|why| format!("its snapshot {spec} does not fit the target: {why}"))?;
-        let mut agreed = self.agreed.write().unwrap_or_else(|p| p.into_inner());
+        let mut agreed = self
+            .members
+            .agreed
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
         match agreed.as_ref() {
             Some(a) if a.spec != spec => Err(format!(
                 "its snapshot {spec} differs from the pool's {}",
@@ -320,14 +361,47 @@ impl DrafterPool {
         }
     }
 
-    /// Healthy members, least loaded first; equally loaded ones in turns.
-    fn candidates(&self) -> Vec<Arc<Member>> {
-        let mut m: Vec<Arc<Member>> = self
-            .members
+    /// Bytes a generation of `positions` positions keeps to move its drafter session: its
+    /// context rows as sent.
+    pub fn history_bytes(&self, positions: usize) -> usize {
+        positions * self.members.row_bytes()
+    }
+}
+
+impl Members {
+    fn all(&self) -> Vec<Arc<Member>> {
+        self.list
             .read()
             .map_or_else(|p| p.into_inner().clone(), |m| m.clone())
+    }
+
+    fn agreed(&self) -> Option<Agreed> {
+        self.agreed
+            .read()
+            .map_or_else(|p| p.into_inner().clone(), |a| a.clone())
+    }
+
+    /// The snapshot every drafter of the pool consumes.
+    pub(crate) fn snapshot(&self) -> SnapshotSpec {
+        self.agreed().map_or_else(SnapshotSpec::default, |a| a.spec)
+    }
+
+    /// Bytes one context row takes on the wire.
+    pub(crate) fn row_bytes(&self) -> usize {
+        let size = match self.session.dtype {
+            pb::Dtype::F32 => 4,
+            _ => 2,
+        };
+        self.snapshot().row_width() * size
+    }
+
+    /// Healthy members outside `avoid`, least loaded first; equally loaded ones in turns.
+    fn candidates(&self, avoid: &[Arc<Member>]) -> Vec<Arc<Member>> {
+        let mut m: Vec<Arc<Member>> = self
+            .all()
             .into_iter()
             .filter(|m| m.healthy.load(Ordering::SeqCst))
+            .filter(|m| !avoid.iter().any(|a| Arc::ptr_eq(a, m)))
             .collect();
         if !m.is_empty() {
             let turn = self.turn.fetch_add(1, Ordering::Relaxed) % m.len();
@@ -336,46 +410,48 @@ impl DrafterPool {
         m.sort_by_key(|m| m.active.load(Ordering::SeqCst));
         m
     }
-}
 
-impl Proposer for DrafterPool {
-    fn snapshot_spec(&self) -> SnapshotSpec {
-        let agreed = self
-            .agreed
-            .read()
-            .map_or_else(|p| p.into_inner().clone(), |a| a.clone());
-        agreed.map_or_else(SnapshotSpec::default, |a| a.spec)
-    }
-
-    fn max_gamma(&self) -> usize {
-        let agreed = self
-            .agreed
-            .read()
-            .map_or_else(|p| p.into_inner().clone(), |a| a.clone());
-        agreed.map_or(0, |a| a.max_gamma)
-    }
-
-    fn open(&self, sampling: &SamplingParams) -> Result<Box<dyn ProposerSession>, ProposeError> {
+    /// Opens a session on the least loaded healthy drafter outside `avoid`, trying the next
+    /// one when a drafter cannot open it (and leaving that one out until it answers again).
+    pub(crate) fn open(
+        &self,
+        sampling: &SamplingParams,
+        avoid: &[Arc<Member>],
+    ) -> Result<RemoteSession, ProposeError> {
         let mut last = ProposeError::Unavailable("no drafter available".into());
-        for member in self.candidates().into_iter().take(OPEN_ATTEMPTS) {
-            let errors = self.metrics.draft_rpc_errors.clone();
+        for member in self.candidates(avoid).into_iter().take(OPEN_ATTEMPTS) {
             let link = Link {
                 handle: self.handle.clone(),
-                errors,
-                snapshot: self.snapshot_spec(),
+                metrics: Arc::clone(&self.metrics),
+                snapshot: self.snapshot(),
             };
-            match RemoteSession::open(Arc::clone(&member), sampling, &self.cfg.session, link) {
-                Ok(s) => return Ok(Box::new(s)),
+            match RemoteSession::open(Arc::clone(&member), sampling, &self.session, link) {
+                Ok(s) => return Ok(s),
                 Err(e @ ProposeError::Invalid(_)) => return Err(e),
                 Err(e) => {
                     tracing::warn!("drafter {} failed to open a session: {e}", member.url);
-                    member.healthy.store(false, Ordering::SeqCst);
+                    member.mark_unhealthy();
                     self.metrics.draft_rpc_errors.increment(1);
                     last = e;
                 }
             }
         }
         Err(last)
+    }
+}
+
+impl Proposer for DrafterPool {
+    fn snapshot_spec(&self) -> SnapshotSpec {
+        self.members.snapshot()
+    }
+
+    fn max_gamma(&self) -> usize {
+        self.members.agreed().map_or(0, |a| a.max_gamma)
+    }
+
+    fn open(&self, sampling: &SamplingParams) -> Result<Box<dyn ProposerSession>, ProposeError> {
+        let session = FailoverSession::open(Arc::clone(&self.members), sampling)?;
+        Ok(Box::new(session))
     }
 }
 

@@ -1,19 +1,17 @@
-//! A proposer session on a remote drafter: one `Draft` stream per generation. Context rows
-//! are sent without waiting (the stream keeps them in order); each proposal waits for its
-//! block, with a timeout. The engine calls it from a blocking thread, so every network step
-//! is driven with the runtime handle. Dropping the session closes the stream, which frees
-//! the drafter's mirror.
+//! One stream to one remote drafter: one `Draft` stream per generation (and per drafter it
+//! moves to). Context rows are sent without waiting (the stream keeps them in order), in
+//! chunks below the drafter's message limit; each proposal waits for its block, with a
+//! timeout. The engine calls it from a blocking thread, so every network step is driven
+//! with the runtime handle. Dropping the session closes the stream, which frees the
+//! drafter's mirror.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use pb::draft_request::Msg;
-use tandem_core::{
-    DraftBlock, ProposeError, ProposeRequest, ProposerSession, SamplingParams, SnapshotRows,
-    SnapshotSpec,
-};
-use tandem_proto::codec::{rows_to_pb, sampling_to_pb};
+use tandem_core::{DraftBlock, ProposeError, ProposeRequest, SamplingParams, SnapshotSpec};
+use tandem_proto::codec::{chunk_rows, sampling_to_pb};
 use tandem_proto::spec::spec_to_pb;
 use tandem_proto::v1 as pb;
 use tokio::runtime::Handle;
@@ -21,12 +19,13 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Status, Streaming};
 
-use tandem_telemetry::Counter;
-
+use crate::metrics::VerifierMetrics;
 use crate::pool::Member;
 
 /// Requests buffered towards a drafter before the verifier waits.
 const REQUEST_BUFFER: usize = 32;
+/// Room left in a message for everything but the rows' bytes.
+const MESSAGE_OVERHEAD: usize = 1024;
 
 /// How a session talks to its drafter.
 #[derive(Debug, Clone)]
@@ -39,15 +38,17 @@ pub struct SessionOptions {
     pub propose_timeout: Duration,
     /// Wire type of context rows.
     pub dtype: pb::Dtype,
+    /// Most bytes of rows in one message (less where a drafter accepts less).
+    pub chunk_bytes: usize,
 }
 
-/// What a session runs on besides its drafter: the runtime, the error counter and the
-/// snapshot the pool agreed on (sent in Open, so the drafter can refuse a mismatch).
+/// What a session runs on besides its drafter: the runtime, the metrics and the snapshot
+/// the pool agreed on (sent in Open, so the drafter can refuse a mismatch).
 pub struct Link {
     /// Drives the network steps from the engine's blocking thread.
     pub handle: Handle,
-    /// Counts failed calls.
-    pub errors: Counter,
+    /// Counts failed calls and sent chunks.
+    pub metrics: Arc<VerifierMetrics>,
     /// The snapshot every context row will carry.
     pub snapshot: SnapshotSpec,
 }
@@ -59,7 +60,7 @@ pub struct RemoteSession {
     rx: Streaming<pb::DraftResponse>,
     handle: Handle,
     opts: SessionOptions,
-    errors: Counter,
+    metrics: Arc<VerifierMetrics>,
 }
 
 fn to_propose_error(s: &Status) -> ProposeError {
@@ -92,7 +93,7 @@ impl RemoteSession {
                 rx,
                 handle: link.handle,
                 opts: opts.clone(),
-                errors: link.errors,
+                metrics: link.metrics,
             }),
             Err(e) => {
                 member.active.fetch_sub(1, Ordering::SeqCst);
@@ -146,9 +147,33 @@ impl RemoteSession {
 
     fn count<T>(&self, r: Result<T, ProposeError>) -> Result<T, ProposeError> {
         if r.is_err() {
-            self.errors.increment(1);
+            self.metrics.draft_rpc_errors.increment(1);
         }
         r
+    }
+
+    /// The drafter it talks to.
+    pub fn member(&self) -> &Arc<Member> {
+        &self.member
+    }
+
+    /// Sends encoded context rows, in as many messages as the drafter's limit needs.
+    pub fn send_rows(&self, rows: &pb::ContextRows) -> Result<(), ProposeError> {
+        let limit = self
+            .member
+            .max_message_bytes
+            .saturating_sub(MESSAGE_OVERHEAD);
+        let sent = chunk_rows(rows, self.opts.chunk_bytes.min(limit)).try_for_each(|chunk| {
+            self.metrics.snapshot_chunks.increment(1);
+            self.send(Msg::Rows(chunk))
+        });
+        self.count(sent)
+    }
+
+    /// Asks for a block and waits for it.
+    pub fn propose(&mut self, req: &ProposeRequest) -> Result<DraftBlock, ProposeError> {
+        let block = self.round_trip(req);
+        self.count(block)
     }
 
     fn round_trip(&mut self, req: &ProposeRequest) -> Result<DraftBlock, ProposeError> {
@@ -173,18 +198,6 @@ impl RemoteSession {
             )),
             Err(s) => Err(to_propose_error(&s)),
         }
-    }
-}
-
-impl ProposerSession for RemoteSession {
-    fn extend(&mut self, rows: &SnapshotRows) -> Result<(), ProposeError> {
-        let sent = self.send(Msg::Rows(rows_to_pb(rows, self.opts.dtype)));
-        self.count(sent)
-    }
-
-    fn propose(&mut self, req: &ProposeRequest) -> Result<DraftBlock, ProposeError> {
-        let block = self.round_trip(req);
-        self.count(block)
     }
 }
 

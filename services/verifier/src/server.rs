@@ -11,17 +11,17 @@ use std::time::Duration;
 use tandem_core::Verification;
 use tandem_engine::{Engine, GenerationRequest, Update};
 use tandem_proto::v1 as pb;
-use tandem_serving::{App, Serve, ServeError};
+use tandem_serving::{App, Drain, Serve, ServeError};
 use tandem_telemetry::Registry;
 use tonic::server::NamedService;
 use tonic::service::Routes;
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Limits};
 use crate::error::VerifierError;
 use crate::metrics::VerifierMetrics;
 use crate::pool::{DrafterPool, PoolConfig, Resolve, SystemResolver};
 use crate::remote::SessionOptions;
-use crate::service::{GenerationService, VerifierConfig};
+use crate::service::{GenerationService, ServiceParts, VerifierConfig};
 
 type Server = pb::generation_server::GenerationServer<GenerationService>;
 
@@ -53,8 +53,20 @@ pub struct VerifierSettings {
     pub drafter_refresh: Option<Duration>,
     /// Longest wait for a drafter session to open.
     pub open_timeout: Duration,
-    /// Longest wait for one drafted block (then the round goes on plain).
+    /// Longest wait for one drafted block (then the session moves to another drafter).
     pub propose_timeout: Duration,
+    /// Requests waiting for admission at once (more are refused).
+    pub max_queued: usize,
+    /// Longest wait for a client to take a chunk before its generation is dropped.
+    pub slow_client_timeout: Duration,
+    /// Longest wait for running generations once a shutdown began.
+    pub drain_grace: Duration,
+    /// Most bytes of context rows in one message to a drafter (less where a drafter
+    /// accepts less).
+    pub snapshot_chunk_bytes: usize,
+    /// Longest prompt + generation accepted, below the target's own context (`None`: the
+    /// target's).
+    pub max_context: Option<usize>,
 }
 
 impl Default for VerifierSettings {
@@ -71,6 +83,11 @@ impl Default for VerifierSettings {
             drafter_refresh: Some(Duration::from_secs(10)),
             open_timeout: Duration::from_secs(5),
             propose_timeout: Duration::from_secs(2),
+            max_queued: 256,
+            slow_client_timeout: Duration::from_secs(30),
+            drain_grace: Duration::from_secs(30),
+            snapshot_chunk_bytes: 1 << 20,
+            max_context: None,
         }
     }
 }
@@ -79,6 +96,8 @@ impl Default for VerifierSettings {
 pub struct Verifier {
     service: GenerationService,
     registry: Arc<Registry>,
+    drain: Arc<Drain>,
+    grace: Duration,
 }
 
 /// Builds a [`Verifier`].
@@ -112,6 +131,8 @@ impl Serve for Verifier {
             name: Server::NAME,
             registry: self.registry,
             warm_up: Box::new(move || warm_up(warm.engine())),
+            drain: self.drain,
+            grace: self.grace,
         }
     }
 }
@@ -127,7 +148,11 @@ impl VerifierBuilder {
     /// another target) and starts their periodic refresh.
     pub async fn build(self) -> Result<Verifier, VerifierError> {
         let s = self.settings;
-        let target = pb::TargetIdentity::from(self.engine.model().identity()?);
+        let engine = match s.max_context {
+            Some(limit) => self.engine.with_context_limit(limit),
+            None => self.engine,
+        };
+        let target = pb::TargetIdentity::from(engine.model().identity()?);
         let registry = Arc::new(Registry::new());
         let metrics = Arc::new(VerifierMetrics::new(&registry, s.gamma));
         let pool = match s.drafters.is_empty() {
@@ -140,8 +165,9 @@ impl VerifierBuilder {
                         open_timeout: s.open_timeout,
                         propose_timeout: s.propose_timeout,
                         dtype: pb::Dtype::Bf16,
+                        chunk_bytes: s.snapshot_chunk_bytes,
                     },
-                    snapshot: self.engine.model().snapshot_support(),
+                    snapshot: engine.model().snapshot_support(),
                 };
                 let handle = tokio::runtime::Handle::current();
                 let pool = DrafterPool::new(cfg, Arc::clone(&metrics), handle)?;
@@ -153,7 +179,12 @@ impl VerifierBuilder {
                 Some(pool)
             }
         };
-        let admission = Admission::new(s.max_concurrent, s.kv_cache_bytes, Arc::clone(&metrics));
+        let limits = Limits {
+            max_concurrent: s.max_concurrent,
+            kv_bytes: s.kv_cache_bytes,
+            max_queued: s.max_queued,
+        };
+        let admission = Admission::new(limits, Arc::clone(&metrics));
         let cfg = VerifierConfig {
             gamma: s.gamma,
             adaptive_gamma: s.adaptive_gamma,
@@ -161,10 +192,22 @@ impl VerifierBuilder {
             confidence_cuts: s.confidence_cuts,
             default_max_tokens: s.default_max_tokens,
             target,
+            slow_client_timeout: s.slow_client_timeout,
         };
+        let drain = Drain::new();
+        let service = GenerationService::new(ServiceParts {
+            engine,
+            pool,
+            cfg,
+            metrics,
+            admission,
+            drain: Arc::clone(&drain),
+        });
         Ok(Verifier {
-            service: GenerationService::new(self.engine, pool, cfg, metrics, admission),
+            service,
             registry,
+            drain,
+            grace: s.drain_grace,
         })
     }
 }

@@ -1,22 +1,27 @@
 //! The `tandem.v1.Generation` service: thin handlers that parse a request, admit it
-//! (concurrency slots and a KV-cache budget), run the engine on a blocking thread and stream
-//! its chunks through a bounded channel. A client that goes away ends the generation at its
-//! next chunk; its KV cache and its drafter session are freed with it.
+//! (concurrency slots, a KV-cache budget and a bounded queue, within the request's
+//! deadline), run the engine on a blocking thread and stream its chunks to the client
+//! ([`crate::client_stream`]). A client that goes away, stops reading or runs out of time
+//! ends the generation at its next chunk; its KV cache and its drafter session are freed
+//! with it. While the server drains, new requests are refused with UNAVAILABLE.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tandem_core::{FinishReason, Proposer, Verification};
 use tandem_engine::{drafting_gamma, Engine, GenerationRequest, Outcome, Plan, Update};
 use tandem_proto::codec::{sampling_from_pb, verification_from_pb};
 use tandem_proto::v1 as pb;
+use tandem_serving::{Drain, InFlight};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Permit};
+use crate::client_stream::{ClientStream, Item};
+use crate::deadline;
 use crate::error::VerifierError;
-use crate::metrics::VerifierMetrics;
+use crate::metrics::{Refusal, VerifierMetrics};
 use crate::pool::DrafterPool;
 
 /// Chunks buffered per stream before the engine waits for the client.
@@ -42,6 +47,8 @@ pub struct VerifierConfig {
     pub default_max_tokens: usize,
     /// The target's identity, reported by GetModelInfo.
     pub target: pb::TargetIdentity,
+    /// Longest wait for a client to take a chunk before the generation is dropped.
+    pub slow_client_timeout: Duration,
 }
 
 struct Inner {
@@ -50,6 +57,7 @@ struct Inner {
     cfg: VerifierConfig,
     metrics: Arc<VerifierMetrics>,
     admission: Admission,
+    drain: Arc<Drain>,
 }
 
 /// The client-facing gRPC service.
@@ -60,19 +68,14 @@ pub struct GenerationService {
 
 impl GenerationService {
     /// A service over `engine`, drafting through `pool` when given.
-    pub fn new(
-        engine: Engine,
-        pool: Option<Arc<DrafterPool>>,
-        cfg: VerifierConfig,
-        metrics: Arc<VerifierMetrics>,
-        admission: Admission,
-    ) -> Self {
+    pub fn new(parts: ServiceParts) -> Self {
         let inner = Inner {
-            engine,
-            pool,
-            cfg,
-            metrics,
-            admission,
+            engine: parts.engine,
+            pool: parts.pool,
+            cfg: parts.cfg,
+            metrics: parts.metrics,
+            admission: parts.admission,
+            drain: parts.drain,
         };
         Self {
             inner: Arc::new(inner),
@@ -85,7 +88,23 @@ impl GenerationService {
     }
 }
 
-type GenerateStream = ReceiverStream<Result<pb::GenerateResponse, Status>>;
+/// What a [`GenerationService`] is made of.
+pub struct ServiceParts {
+    /// The target.
+    pub engine: Engine,
+    /// The drafters, when the server drafts.
+    pub pool: Option<Arc<DrafterPool>>,
+    /// Defaults and limits.
+    pub cfg: VerifierConfig,
+    /// The metrics.
+    pub metrics: Arc<VerifierMetrics>,
+    /// Slots, KV budget and queue.
+    pub admission: Admission,
+    /// Work in flight, drained on shutdown.
+    pub drain: Arc<Drain>,
+}
+
+type GenerateStream = ReceiverStream<Item>;
 
 #[tonic::async_trait]
 impl pb::generation_server::Generation for GenerationService {
@@ -97,14 +116,17 @@ impl pb::generation_server::Generation for GenerationService {
     ) -> Result<Response<GenerateStream>, Status> {
         let started = Instant::now();
         let inner = Arc::clone(&self.inner);
+        let deadline = deadline::timeout(request.metadata())?.map(|t| started + t);
+        let in_flight = inner.enter()?;
         let (plan, proposer) = inner.plan(request.into_inner()).inspect_err(|e| {
             tracing::debug!("refused: {e}");
         })?;
-        let permit = inner.admission.admit(plan.cache_bytes()).await?;
+        let permit = inner.admit(&plan, proposer.as_deref(), deadline).await?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let stream = ClientStream::open(tx, deadline, inner.cfg.slow_client_timeout).await?;
         tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            inner.run(&plan, proposer.as_deref(), &tx, started);
+            let _held: (Permit, InFlight) = (permit, in_flight);
+            inner.run(&plan, proposer.as_deref(), stream, started);
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -113,7 +135,7 @@ impl pb::generation_server::Generation for GenerationService {
         &self,
         _: Request<pb::GetModelInfoRequest>,
     ) -> Result<Response<pb::ModelInfo>, Status> {
-        let cfg = self.inner.engine.model().facts();
+        let cfg = self.inner.engine.facts();
         let pool = self.inner.pool.as_ref();
         Ok(Response::new(pb::ModelInfo {
             target: Some(self.inner.cfg.target.clone()),
@@ -129,6 +151,38 @@ impl pb::generation_server::Generation for GenerationService {
 }
 
 impl Inner {
+    /// Counts a request in flight; refused while the server drains.
+    fn enter(&self) -> Result<InFlight, VerifierError> {
+        self.drain.enter().ok_or_else(|| {
+            self.metrics.refused(Refusal::Draining);
+            VerifierError::Unavailable("the server is draining; retry on another replica".into())
+        })
+    }
+
+    /// Waits for a slot and the plan's KV cache (and, when it drafts, the context rows it
+    /// keeps to move its drafter session), until the deadline.
+    async fn admit(
+        &self,
+        plan: &Plan,
+        pool: Option<&DrafterPool>,
+        deadline: Option<Instant>,
+    ) -> Result<Permit, VerifierError> {
+        let rows = pool.map_or(0, |p| p.history_bytes(plan.cache_positions()));
+        let admit = self.admission.admit(plan.cache_bytes() + rows);
+        let Some(deadline) = deadline else {
+            return admit.await;
+        };
+        match tokio::time::timeout_at(deadline.into(), admit).await {
+            Ok(admitted) => admitted,
+            Err(_) => {
+                self.metrics.refused(Refusal::Deadline);
+                Err(VerifierError::DeadlineExceeded(
+                    "the request's deadline passed while it waited for admission".into(),
+                ))
+            }
+        }
+    }
+
     /// Most tokens a round drafts through the pool: the server's γ within what the
     /// drafters agree on (0 without drafters).
     fn drafting_cap(&self) -> usize {
@@ -188,12 +242,12 @@ impl Inner {
         })
     }
 
-    /// Runs one admitted generation, streaming into `tx`.
+    /// Runs one admitted generation, streaming to its client.
     fn run(
         &self,
         plan: &Plan,
         proposer: Option<&DrafterPool>,
-        tx: &mpsc::Sender<Result<pb::GenerateResponse, Status>>,
+        mut stream: ClientStream,
         started: Instant,
     ) {
         let m = &self.metrics;
@@ -215,24 +269,36 @@ impl Inner {
                     text: u.chunk.text.clone(),
                     finished: None,
                 };
-                match tx.blocking_send(Ok(msg)) {
-                    Ok(()) => std::ops::ControlFlow::Continue(()),
-                    Err(_) => std::ops::ControlFlow::Break(()),
+                match stream.send(msg) {
+                    true => std::ops::ControlFlow::Continue(()),
+                    false => std::ops::ControlFlow::Break(()),
                 }
             },
         );
         m.active_sessions.decrement(1.0);
-        match result {
-            Ok(out) => {
+        let last = match (result, stream.aborted()) {
+            (Ok(out), Some(why)) => {
                 m.finished(&out, started.elapsed().as_secs_f64());
-                let _ = tx.blocking_send(Ok(finished_message(&out, started)));
+                m.dropped(why);
+                let status = stream.abort_status(why);
+                tracing::warn!(
+                    "generation ended after {} tokens: {}",
+                    out.tokens.len(),
+                    status.message()
+                );
+                Err(status)
             }
-            Err(e) => {
+            (Ok(out), None) => {
+                m.finished(&out, started.elapsed().as_secs_f64());
+                Ok(finished_message(&out, started))
+            }
+            (Err(e), _) => {
                 m.request(FinishReason::Error);
                 tracing::error!("generation failed: {e}");
-                let _ = tx.blocking_send(Err(Status::from(VerifierError::Engine(e))));
+                Err(Status::from(VerifierError::Engine(e)))
             }
-        }
+        };
+        stream.finish(last);
     }
 }
 

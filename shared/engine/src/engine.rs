@@ -22,7 +22,7 @@ use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
 use crate::drafting::Drafting;
 use crate::error::{EngineError, Result};
 use crate::memory::PolicyMemory;
-use crate::models::{Target, TargetSequence, TargetStep};
+use crate::models::{Target, TargetFacts, TargetSequence, TargetStep};
 use crate::plan::Plan;
 use crate::request::GenerationRequest;
 use crate::stats::{RoundStats, SpecStats, Timing};
@@ -62,6 +62,7 @@ pub struct Engine {
     model: Arc<dyn Target>,
     tokenizer: Arc<GemmaTokenizer>,
     memory: Arc<PolicyMemory>,
+    context_limit: Option<usize>,
 }
 
 impl Engine {
@@ -72,7 +73,25 @@ impl Engine {
             model,
             tokenizer,
             memory: Arc::default(),
+            context_limit: None,
         }
+    }
+
+    /// The engine with requests limited to `limit` positions (prompt and new tokens),
+    /// below the target's own context when smaller: an operator's cap on what one request
+    /// may hold.
+    pub fn with_context_limit(mut self, limit: usize) -> Self {
+        self.context_limit = Some(limit);
+        self
+    }
+
+    /// The target's sizes as this engine plans with them (its context within the limit).
+    pub fn facts(&self) -> TargetFacts {
+        let mut facts = self.model.facts();
+        if let Some(limit) = self.context_limit {
+            facts.max_context = facts.max_context.min(limit);
+        }
+        facts
     }
 
     /// The target.
@@ -88,7 +107,7 @@ impl Engine {
     /// Checks `req` against the target and plans it for a proposer drafting at most
     /// `max_gamma` tokens a round (0: plain decoding).
     pub fn plan(&self, req: GenerationRequest, max_gamma: usize) -> Result<Plan> {
-        Plan::new(req, &self.model.facts(), max_gamma)
+        Plan::new(req, &self.facts(), max_gamma)
     }
 
     /// Plans `req` for `proposer` and runs it ([`Self::plan`], then [`Self::run`]).
@@ -163,7 +182,7 @@ impl<'e> Generation<'e> {
             true => Some(engine.starting_policy(&req.sampling, gamma)?),
             false => None,
         };
-        let facts = engine.model.facts();
+        let facts = engine.facts();
         Ok(Self {
             req,
             cache: engine.model.start(plan.cache_positions()),

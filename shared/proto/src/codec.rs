@@ -169,6 +169,27 @@ pub fn rows_to_pb(rows: &SnapshotRows, dtype: pb::Dtype) -> pb::ContextRows {
     }
 }
 
+/// `msg`'s rows in consecutive messages whose data stay within `max_data_bytes` (at least
+/// one row each, however wide), for peers that refuse large messages. `msg` must be what
+/// [`rows_to_pb`] made.
+pub fn chunk_rows(
+    msg: &pb::ContextRows,
+    max_data_bytes: usize,
+) -> impl Iterator<Item = pb::ContextRows> + '_ {
+    let rows = msg.shape.first().map_or(0, |r| *r as usize);
+    let row_bytes = msg.data.len().checked_div(rows).unwrap_or(0).max(1);
+    let per_chunk = (max_data_bytes / row_bytes).max(1);
+    msg.data
+        .chunks(per_chunk * row_bytes)
+        .enumerate()
+        .map(move |(i, data)| pb::ContextRows {
+            start: msg.start + (i * per_chunk) as u64,
+            dtype: msg.dtype,
+            shape: vec![(data.len() / row_bytes) as u32, msg.shape[1]],
+            data: data.to_vec(),
+        })
+}
+
 /// Decodes and checks snapshot rows: the shape must be `[rows, expected_width]`, the bytes
 /// exactly `rows × width × dtype size`, every value finite.
 pub fn rows_from_pb(
@@ -295,6 +316,30 @@ mod tests {
         ] {
             let e = rows_from_pb(&m, w).expect_err("refused");
             assert!(e.0.contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn chunks_carry_every_row_in_order_within_the_limit() {
+        let rows = SnapshotRows {
+            start: 5,
+            width: 3,
+            data: (0..30).map(|x| x as f32).collect(),
+        };
+        let msg = rows_to_pb(&rows, pb::Dtype::F32);
+        for (limit, expected) in [(1 << 20, 1), (36, 4), (24, 5), (1, 10), (12 * 7, 2)] {
+            let chunks: Vec<_> = chunk_rows(&msg, limit).collect();
+            assert_eq!(chunks.len(), expected, "limit {limit}");
+            let mut next = 5;
+            let mut data = Vec::new();
+            for c in &chunks {
+                assert!(c.data.len() <= limit.max(12), "limit {limit}");
+                let back = rows_from_pb(c, 3).expect("each chunk decodes");
+                assert_eq!(back.start, next);
+                next += back.rows();
+                data.extend(back.data);
+            }
+            assert_eq!(data, rows.data, "limit {limit}");
         }
     }
 

@@ -1,9 +1,15 @@
 //! What both tandem services do around their gRPC service, in one place: bind a gRPC and a
 //! `/metrics` listener, answer `grpc.health.v1` (NOT_SERVING until the warm-up has run, so
 //! a readiness probe never sends traffic to a cold server) and server reflection, serve
-//! Prometheus text, and stop on a shutdown signal. A warm-up that fails stops the server
-//! with its error. [`spawn`] runs one in the background with a handle that stops it on drop,
-//! as `tandem up` and the end-to-end tests do.
+//! Prometheus text, and drain on a shutdown signal ([`drain`]: NOT_SERVING, new work
+//! refused, work in flight finishes within the app's grace period). A warm-up that fails
+//! stops the server with its error. Both sides of every connection send HTTP/2 keepalive
+//! pings, so a peer that vanishes without closing is noticed. [`spawn`] runs one in the
+//! background with a handle that stops it on drop, as `tandem up` and the end-to-end tests do.
+
+mod drain;
+
+pub use drain::{Drain, Drained, InFlight};
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -21,6 +27,13 @@ use tonic_health::pb::health_check_response::ServingStatus as WireStatus;
 use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
+
+/// Period of the HTTP/2 keepalive pings servers and their clients send.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+/// Longest wait for a keepalive ping's answer before the connection is closed.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long connections may stay open after the drain before the server closes them.
+const LINGER: Duration = Duration::from_secs(2);
 
 /// Errors of starting or running a server.
 pub type ServeError = Box<dyn std::error::Error + Send + Sync>;
@@ -62,6 +75,10 @@ pub struct App {
     pub registry: Arc<Registry>,
     /// Runs before health turns SERVING.
     pub warm_up: WarmUp,
+    /// The service's work in flight; drained on shutdown.
+    pub drain: Arc<Drain>,
+    /// Longest wait for work in flight once a shutdown began.
+    pub grace: Duration,
 }
 
 /// A service this crate can run: it hands over its routes, metrics and warm-up, and gets
@@ -108,10 +125,13 @@ pub async fn serve(
         stopped(stop_rx),
     ));
     let name = app.name;
-    let mut failed_rx = warm(app.warm_up, reporter, name);
+    let mut failed_rx = warm(app.warm_up, reporter.clone(), name);
     tracing::info!("{name} listening on {}", listeners.grpc.local_addr()?);
     let mut warm_error = None;
-    let result = tonic::transport::Server::builder()
+    let (closing, closed) = oneshot::channel::<()>();
+    let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .add_routes(app.routes.add_service(health).add_service(reflection))
         // Small messages go out at once: with Nagle's algorithm a reply written while the
         // peer's ACK of the last one is delayed waits for it (accepted sockets do not take
@@ -120,21 +140,56 @@ pub async fn serve(
             TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
             async {
                 tokio::select! {
-                    () = shutdown => {}
+                    () = shutdown => drain(&reporter, name, &app.drain, app.grace).await,
                     Ok(e) = &mut failed_rx => {
                         tracing::error!("{name} warm-up failed: {e}");
                         warm_error = Some(e);
                     }
                 }
+                let _ = closing.send(());
             },
-        )
-        .await;
+        );
+    let result = tokio::select! {
+        r = server => r.map_err(ServeError::from),
+        () = linger(closed) => {
+            tracing::warn!("{name}: connections still open {LINGER:?} after the drain; closing them");
+            Ok(())
+        }
+    };
     let _ = stop_tx.send(true);
     metrics.await??;
     if let Some(e) = warm_error {
         return Err(format!("{name} warm-up failed: {e}").into());
     }
-    Ok(result?)
+    result
+}
+
+/// Reports NOT_SERVING (so readiness probes take the server out of rotation), refuses new
+/// work and waits up to `grace` for the work in flight.
+async fn drain(reporter: &HealthReporter, name: &'static str, drain: &Drain, grace: Duration) {
+    for service in ["", name] {
+        reporter
+            .set_service_status(service, ServingStatus::NotServing)
+            .await;
+    }
+    tracing::info!(
+        "{name} draining: NOT_SERVING, {} in flight, grace {grace:?}",
+        drain.in_flight()
+    );
+    match drain.drain(grace).await {
+        Drained::Idle => tracing::info!("{name} drained"),
+        Drained::GraceOver(left) => {
+            tracing::warn!("{name}: grace period over with {left} still in flight; stopping")
+        }
+    }
+}
+
+/// Resolves [`LINGER`] after the drain ended (never when it did not).
+async fn linger(closed: oneshot::Receiver<()>) {
+    match closed.await {
+        Ok(()) => tokio::time::sleep(LINGER).await,
+        Err(_) => std::future::pending().await,
+    }
 }
 
 /// Runs `warm_up` on a blocking thread, then reports `name` (and the server as a whole)
@@ -269,6 +324,8 @@ mod tests {
             name: "test.Service",
             registry: Arc::new(Registry::new()),
             warm_up,
+            drain: Drain::new(),
+            grace: Duration::from_secs(5),
         }
     }
 
@@ -302,6 +359,38 @@ mod tests {
             .await
             .expect("serving after the warm-up");
         running.shutdown().await.expect("a clean stop");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shutdown_drains_work_in_flight_before_the_server_ends() {
+        let app = app(Box::new(|| Ok(())));
+        let drain = Arc::clone(&app.drain);
+        let running = spawn(app, listeners().await).expect("spawn");
+        running
+            .wait_serving(Duration::from_secs(10))
+            .await
+            .expect("serving");
+        let work = drain.enter().expect("admitted before the shutdown");
+        running.stop();
+        let mut status = None;
+        for _ in 0..100 {
+            status = health(&running.url()).await;
+            if status == Some(WireStatus::NotServing) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            status,
+            Some(WireStatus::NotServing),
+            "draining: still answering"
+        );
+        assert!(drain.enter().is_none(), "new work is refused");
+        drop(work);
+        tokio::time::timeout(Duration::from_secs(10), running.shutdown())
+            .await
+            .expect("ends once the work is done")
+            .expect("a clean stop");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
