@@ -6,12 +6,12 @@
 //! (`DeviceGemma3`, here on candle's CPU backend in f32).
 
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use tandem_dspark::{Dspark, DsparkProposer};
-use tandem_e2e::engine;
+use tandem_e2e::{engine, shipped_dir};
 use tandem_engine::{Engine, GenerationRequest, Update};
 use tandem_gemma::{DeviceGemma3, DeviceOptions};
 use tandem_testkit::real_gguf;
@@ -30,13 +30,9 @@ const PROMPTS: usize = 12;
 /// kernel implementation.
 const FLOORS: [(&str, f64); 3] = [("docs", 3.6), ("chat", 1.25), ("prose", 1.25)];
 
-fn shipped() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../drafters/gemma-3-270m-dspark")
-}
-
 /// The docs set: token ids cut from held-out files of the first drafter's corpus.
 fn held_out_prompts() -> Vec<Vec<u32>> {
-    let path = shipped().join("held_out_prompts.json");
+    let path = shipped_dir().join("held_out_prompts.json");
     let text = std::fs::read_to_string(&path).expect("held-out prompts");
     serde_json::from_str(&text).expect("a JSON list of token-id lists")
 }
@@ -61,7 +57,7 @@ fn eval_set(engine: &Engine, name: &str) -> Vec<Vec<u32>> {
 /// and the mean acceptance length.
 fn greedy_tau(engine: &Engine, name: &str) -> f64 {
     let head = engine.model().head().expect("a Gemma 3 target has a head");
-    let drafter = Dspark::load(&shipped(), &head).expect("the shipped drafter loads");
+    let drafter = Dspark::load(&shipped_dir(), &head).expect("the shipped drafter loads");
     assert_eq!(drafter.config().gamma, GAMMA);
     let proposer = DsparkProposer::new(Arc::new(drafter), &head).expect("proposer");
     let prompts = match name {
@@ -116,7 +112,7 @@ fn drafts_for_a_device_target() {
     let model = DeviceGemma3::load(&real_gguf(), opts).expect("device model");
     let device = Engine::new(Arc::new(model), Arc::clone(engine().tokenizer()));
     let head = device.model().head().expect("a Gemma 3 target has a head");
-    let drafter = Dspark::load(&shipped(), &head).expect("the shipped drafter loads");
+    let drafter = Dspark::load(&shipped_dir(), &head).expect("the shipped drafter loads");
     let proposer = DsparkProposer::new(Arc::new(drafter), &head).expect("proposer");
     let mut sink = |_: &Update| ControlFlow::Continue(());
     let (mut drafts, mut accepted) = (0u64, 0u64);

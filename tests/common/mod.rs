@@ -16,7 +16,6 @@ use tandem_proto::v1 as pb;
 use tandem_serving::{Listeners, Running, Serve};
 use tandem_testkit::{real_gguf, real_tokenizer};
 use tandem_verifier::{Resolve, Verifier, VerifierSettings};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The real target and tokenizer, loaded once per test binary.
 pub fn engine() -> Engine {
@@ -104,9 +103,34 @@ pub async fn start_drafter_kind(
     target: TargetIdentity,
     kind: &str,
 ) -> Node {
-    let cfg = DrafterConfig::new(target, kind);
+    start_drafter_with(host, proposer, DrafterConfig::new(target, kind)).await
+}
+
+/// Starts a drafter serving `proposer` as `cfg` says on `host` (an IP).
+pub async fn start_drafter_with(
+    host: &str,
+    proposer: Arc<dyn Proposer>,
+    cfg: DrafterConfig,
+) -> Node {
     let drafter = Drafter::new(proposer, cfg);
     Node::ready(drafter.spawn(listeners(host).await).expect("spawn")).await
+}
+
+/// The folder of the DSpark drafter shipped in drafters/.
+pub fn shipped_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../drafters/gemma-3-270m-dspark")
+}
+
+/// The shipped DSpark drafter over the real target (loaded once per test binary).
+pub fn shipped_drafter() -> Arc<DsparkProposer> {
+    static DRAFTER: OnceLock<Arc<DsparkProposer>> = OnceLock::new();
+    DRAFTER
+        .get_or_init(|| {
+            let head = engine().model().head().expect("a Gemma 3 head");
+            let model = Dspark::load(&shipped_dir(), &head).expect("the shipped drafter loads");
+            Arc::new(DsparkProposer::new(Arc::new(model), &head).expect("proposer"))
+        })
+        .clone()
 }
 
 /// Starts a drafter with the random DSpark drafter for the real target on 127.0.0.1.
@@ -121,6 +145,10 @@ pub struct VerifierSetup {
     pub max_concurrent: usize,
     pub refresh: Option<Duration>,
     pub resolver: Option<Box<dyn Resolve>>,
+    /// Longest wait for a client to read a chunk (default: the server's).
+    pub slow_client: Option<Duration>,
+    /// Longest prompt + generation (default: the model's).
+    pub max_context: Option<usize>,
 }
 
 impl Default for VerifierSetup {
@@ -131,6 +159,8 @@ impl Default for VerifierSetup {
             max_concurrent: 8,
             refresh: None,
             resolver: None,
+            slow_client: None,
+            max_context: None,
         }
     }
 }
@@ -152,7 +182,12 @@ pub async fn build_verifier(
         // two-core CI machine (eight sessions, two drafters) has taken over 10 s.
         open_timeout: Duration::from_secs(60),
         propose_timeout: Duration::from_secs(120),
+        max_context: setup.max_context,
         ..VerifierSettings::default()
+    };
+    let settings = VerifierSettings {
+        slow_client_timeout: setup.slow_client.unwrap_or(settings.slow_client_timeout),
+        ..settings
     };
     let mut builder = Verifier::builder(engine, settings);
     if let Some(r) = setup.resolver {
@@ -181,47 +216,12 @@ pub async fn health(url: &str) -> i32 {
 /// Fetches and parses a /metrics page: series (name with labels) → value. Panics on a line
 /// that is not Prometheus text.
 pub async fn scrape(addr: SocketAddr) -> BTreeMap<String, f64> {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+    tokio::task::spawn_blocking(move || tandem_testkit::metrics::scrape(addr))
         .await
-        .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await.unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(
-        head.to_lowercase().contains("content-type: text/plain"),
-        "{head}"
-    );
-    body.lines()
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(|l| {
-            let (series, value) = l
-                .rsplit_once(' ')
-                .unwrap_or_else(|| panic!("bad line {l:?}"));
-            let name = series.split('{').next().unwrap_or("");
-            assert!(
-                name.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
-                "bad name {l:?}"
-            );
-            (
-                series.to_string(),
-                value
-                    .parse::<f64>()
-                    .unwrap_or_else(|_| panic!("bad value {l:?}")),
-            )
-        })
-        .collect()
+        .unwrap()
 }
 
-/// Sum of every series of `name` (any labels).
-pub fn total(m: &BTreeMap<String, f64>, name: &str) -> f64 {
-    m.iter()
-        .filter(|(k, _)| k.as_str() == name || k.starts_with(&format!("{name}{{")))
-        .map(|(_, v)| v)
-        .sum()
-}
+pub use tandem_testkit::metrics::total;
 
 /// A greedy request for `prompt`.
 pub fn request(prompt: &str, max_tokens: u32, speculative: bool) -> pb::GenerateRequest {

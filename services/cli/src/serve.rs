@@ -208,6 +208,17 @@ pub(crate) async fn listen(grpc: SocketAddr, metrics: SocketAddr) -> Result<List
         .map_err(|e| anyhow!("{e}"))
 }
 
+/// Prints the addresses `listeners` bound (port 0 asks the system for one), for operators
+/// and scripts.
+fn announce(what: &str, listeners: &Listeners) -> Result<()> {
+    eprintln!(
+        "tandem {what}: gRPC on {}, metrics on {}",
+        listeners.grpc.local_addr()?,
+        listeners.metrics.local_addr()?
+    );
+    Ok(())
+}
+
 /// Resolves on Ctrl-C or SIGTERM.
 async fn shutdown_signal() {
     let ctrl_c = async {
@@ -247,6 +258,7 @@ pub fn drafter(a: DrafterServeArgs) -> Result<()> {
     let drafter = drafter_server(&a.drafter, &a.models, &a.opts)?;
     runtime()?.block_on(async move {
         let listeners = listen(a.listen, a.metrics_listen).await?;
+        announce("drafter", &listeners)?;
         drafter
             .serve(listeners, shutdown_signal())
             .await
@@ -268,6 +280,7 @@ pub fn verifier(a: VerifierServeArgs) -> Result<()> {
     runtime()?.block_on(async move {
         let listeners = listen(a.listen, a.metrics_listen).await?;
         let verifier = verifier_server(&a.models, a.opts.settings(a.drafters)).await?;
+        announce("verifier", &listeners)?;
         verifier
             .serve(listeners, shutdown_signal())
             .await

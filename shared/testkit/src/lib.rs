@@ -1,11 +1,13 @@
 //! The helpers every tandem crate's tests and benches share, in one place: where the real
 //! models fetched by `scripts/fetch-models.sh` live (tests never download), a deterministic
-//! pseudo-random source, and exact and approximate float comparisons.
+//! pseudo-random source, exact and approximate float comparisons, and reading a service's
+//! `/metrics` page.
 //!
 //! The crate depends on no other tandem crate, so any of them can take it as a
 //! dev-dependency without a second copy of itself being compiled. Fixtures of one model
 //! crate live in that crate (e.g. `tandem_gemma::testing` behind its `testing` feature).
 
+pub mod metrics;
 mod models;
 mod numbers;
 
