@@ -194,6 +194,8 @@ async fn a_draining_verifier_finishes_what_it_runs_and_refuses_the_rest() {
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    let m = scrape(v.metrics).await;
+    assert_eq!(m["tandem_refused_requests_total{reason=\"draining\"}"], 1.0);
     let mut tokens = first.token_ids.len();
     let finished = loop {
         let m = stream
@@ -208,8 +210,6 @@ async fn a_draining_verifier_finishes_what_it_runs_and_refuses_the_rest() {
     };
     assert_eq!(finished.reason, pb::FinishReason::Length as i32);
     assert_eq!(tokens, 160, "every token arrived");
-    let m = scrape(v.metrics).await;
-    assert_eq!(m["tandem_refused_requests_total{reason=\"draining\"}"], 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
