@@ -40,7 +40,8 @@ pub async fn start(
     adaptive: bool,
 ) -> Result<Loopback> {
     let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    let drafter = serve::drafter_server(drafter, models, &DrafterOptions::default())?;
+    let drain = VerifierSettings::default().drain_grace;
+    let drafter = serve::drafter_server(drafter, models, &DrafterOptions::default(), drain)?;
     let d = drafter
         .spawn(serve::listen(any, any).await?)
         .map_err(|e| anyhow!("{e}"))?;

@@ -23,6 +23,9 @@ pub struct DrafterServeArgs {
     /// Prometheus /metrics listen address.
     #[arg(long, env = "TANDEM_METRICS_LISTEN", default_value = "0.0.0.0:9102")]
     metrics_listen: SocketAddr,
+    /// Seconds open sessions may go on after SIGTERM (new ones are refused meanwhile).
+    #[arg(long, env = "TANDEM_DRAIN_SECONDS", default_value_t = 30)]
+    drain_seconds: u64,
     #[command(flatten)]
     opts: DrafterOptions,
     #[command(flatten)]
@@ -44,13 +47,6 @@ pub struct DrafterOptions {
     /// Seconds a session may go without a message from its verifier before it is closed.
     #[arg(long, env = "TANDEM_IDLE_TIMEOUT_SECONDS", default_value_t = 600)]
     idle_timeout_seconds: u64,
-    /// Seconds open sessions may go on after SIGTERM (new ones are refused meanwhile).
-    #[arg(
-        long = "drain-seconds",
-        env = "TANDEM_DRAIN_SECONDS",
-        default_value_t = 30
-    )]
-    drain_seconds: u64,
 }
 
 /// Flags of `tandem verifier`.
@@ -134,13 +130,18 @@ impl Default for DrafterOptions {
 }
 
 impl DrafterOptions {
-    /// The drafter's configuration for `target`, of `kind`.
-    fn config(&self, target: tandem_core::TargetIdentity, kind: &str) -> DrafterConfig {
+    /// The drafter's configuration for `target`, of `kind`, draining for `drain`.
+    fn config(
+        &self,
+        target: tandem_core::TargetIdentity,
+        kind: &str,
+        drain: Duration,
+    ) -> DrafterConfig {
         DrafterConfig {
             max_sessions: self.max_sessions,
             max_message_bytes: self.max_message_bytes,
             idle_timeout: Duration::from_secs(self.idle_timeout_seconds),
-            drain_grace: Duration::from_secs(self.drain_seconds),
+            drain_grace: drain,
             ..DrafterConfig::new(target, kind)
         }
     }
@@ -239,23 +240,25 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-/// The drafter `drafter` names, assembled.
+/// The drafter `drafter` names, assembled, draining for `drain` on shutdown.
 pub(crate) fn drafter_server(
     drafter: &DrafterArgs,
     models: &ModelArgs,
     opts: &DrafterOptions,
+    drain: Duration,
 ) -> Result<Drafter> {
     let loaded = drafter.load_any(models, None)?;
     if drafter.drafter == "random" {
         eprintln!("tandem: drafter is randomly initialised (--drafter random): output is exact, acceptance near zero");
     }
-    let cfg = opts.config(loaded.target, loaded.kind);
+    let cfg = opts.config(loaded.target, loaded.kind, drain);
     Ok(Drafter::new(loaded.proposer, cfg))
 }
 
 /// `tandem drafter`.
 pub fn drafter(a: DrafterServeArgs) -> Result<()> {
-    let drafter = drafter_server(&a.drafter, &a.models, &a.opts)?;
+    let drain = Duration::from_secs(a.drain_seconds);
+    let drafter = drafter_server(&a.drafter, &a.models, &a.opts, drain)?;
     runtime()?.block_on(async move {
         let listeners = listen(a.listen, a.metrics_listen).await?;
         announce("drafter", &listeners)?;
@@ -290,7 +293,8 @@ pub fn verifier(a: VerifierServeArgs) -> Result<()> {
 
 /// `tandem up`: a drafter and a verifier in one process.
 pub fn up(a: UpArgs) -> Result<()> {
-    let drafter = drafter_server(&a.drafter, &a.models, &a.drafter_opts)?;
+    let drain = Duration::from_secs(a.verifier.drain_seconds);
+    let drafter = drafter_server(&a.drafter, &a.models, &a.drafter_opts, drain)?;
     runtime()?.block_on(async move {
         let d_listeners = listen(a.drafter_listen, a.drafter_metrics_listen).await?;
         let listeners = listen(a.listen, a.metrics_listen).await?;

@@ -67,35 +67,39 @@ impl FailoverSession {
     }
 
     /// Moves the session to another drafter after `why` (a lost or stalled drafter) and
-    /// sends it every row; `Err` when the session cannot move.
-    fn fail_over(&mut self, why: ProposeError) -> Result<(), ProposeError> {
-        if matches!(why, ProposeError::Invalid(_)) || self.failovers_left == 0 {
-            return Err(why);
+    /// sends it every row, trying the next drafter when that one fails too; `Err` when the
+    /// session cannot move.
+    fn fail_over(&mut self, mut why: ProposeError) -> Result<(), ProposeError> {
+        while !matches!(why, ProposeError::Invalid(_)) && self.failovers_left > 0 {
+            self.failovers_left -= 1;
+            let failed = Arc::clone(self.session.member());
+            failed.mark_unhealthy();
+            tracing::warn!(
+                "drafter {} lost mid-generation ({why}); moving the session",
+                failed.url()
+            );
+            self.session = self
+                .members
+                .open(&self.sampling, &[failed])
+                .inspect_err(|e| {
+                    tracing::warn!("no drafter could take the session: {e}");
+                })?;
+            self.members.metrics.drafter_failovers.increment(1);
+            let rows = self.history.shape[0];
+            let sent = match rows {
+                0 => Ok(()),
+                _ => self.session.send_rows(&self.history),
+            };
+            match sent {
+                Ok(()) => {
+                    let url = self.session.member().url();
+                    tracing::info!("session moved to drafter {url} with {rows} context rows");
+                    return Ok(());
+                }
+                Err(e) => why = e,
+            }
         }
-        self.failovers_left -= 1;
-        let failed = Arc::clone(self.session.member());
-        failed.mark_unhealthy();
-        tracing::warn!(
-            "drafter {} lost mid-generation ({why}); moving the session",
-            failed.url()
-        );
-        let next = self
-            .members
-            .open(&self.sampling, &[failed])
-            .inspect_err(|e| {
-                tracing::warn!("no drafter could take the session: {e}");
-            })?;
-        if self.history.shape[0] > 0 {
-            next.send_rows(&self.history)?;
-        }
-        self.members.metrics.drafter_failovers.increment(1);
-        tracing::info!(
-            "session moved to drafter {} with {} context rows",
-            next.member().url(),
-            self.history.shape[0]
-        );
-        self.session = next;
-        Ok(())
+        Err(why)
     }
 }
 

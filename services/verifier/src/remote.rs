@@ -26,6 +26,9 @@ use crate::pool::Member;
 const REQUEST_BUFFER: usize = 32;
 /// Room left in a message for everything but the rows' bytes.
 const MESSAGE_OVERHEAD: usize = 1024;
+/// Extra wait for a block per context row sent since the last one: the drafter takes the
+/// rows in before it drafts (a long prompt, or a whole context after a move).
+const ROW_ALLOWANCE: Duration = Duration::from_micros(200);
 
 /// How a session talks to its drafter.
 #[derive(Debug, Clone)]
@@ -61,6 +64,8 @@ pub struct RemoteSession {
     handle: Handle,
     opts: SessionOptions,
     metrics: Arc<VerifierMetrics>,
+    /// Rows sent since the last block.
+    unanswered_rows: u32,
 }
 
 fn to_propose_error(s: &Status) -> ProposeError {
@@ -94,6 +99,7 @@ impl RemoteSession {
                 handle: link.handle,
                 opts: opts.clone(),
                 metrics: link.metrics,
+                unanswered_rows: 0,
             }),
             Err(e) => {
                 member.active.fetch_sub(1, Ordering::SeqCst);
@@ -158,7 +164,9 @@ impl RemoteSession {
     }
 
     /// Sends encoded context rows, in as many messages as the drafter's limit needs.
-    pub fn send_rows(&self, rows: &pb::ContextRows) -> Result<(), ProposeError> {
+    pub fn send_rows(&mut self, rows: &pb::ContextRows) -> Result<(), ProposeError> {
+        let count = rows.shape.first().copied().unwrap_or(0);
+        self.unanswered_rows = self.unanswered_rows.saturating_add(count);
         let limit = self
             .member
             .max_message_bytes
@@ -182,13 +190,12 @@ impl RemoteSession {
             position: req.position as u64,
             gamma: req.gamma as u32,
         }))?;
+        let wait = self.opts.propose_timeout + ROW_ALLOWANCE * self.unanswered_rows;
         let next = self
             .handle
-            .block_on(tokio::time::timeout(
-                self.opts.propose_timeout,
-                self.rx.message(),
-            ))
+            .block_on(tokio::time::timeout(wait, self.rx.message()))
             .map_err(|_| timed_out("answer"))?;
+        self.unanswered_rows = 0;
         match next {
             Ok(Some(pb::DraftResponse {
                 msg: Some(pb::draft_response::Msg::Block(b)),

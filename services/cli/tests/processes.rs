@@ -1,7 +1,8 @@
-//! Drafter failover through real processes: a verifier drafting with two `tandem drafter`
-//! processes loses one to SIGKILL in the middle of a generation. The client sees no error,
-//! the text equals plain decoding, speculation goes on with the other drafter, and the
-//! verifier counts one failover and no proposer failure.
+//! The services as real processes when things go wrong: a verifier drafting with two
+//! `tandem drafter` processes loses one to SIGKILL in the middle of a generation (the client
+//! sees no error, the text equals plain decoding, speculation goes on with the other
+//! drafter, one failover and no proposer failure are counted); a verifier told SIGTERM in
+//! the middle of a generation finishes it, refuses new requests, then exits cleanly.
 
 #[allow(dead_code)]
 mod common;
@@ -56,6 +57,15 @@ impl Drop for Service {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Sends `signal` (e.g. `-KILL`) to `child`.
+fn signal(child: &std::process::Child, signal: &str) {
+    let sent = std::process::Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
 }
 
 /// `tandem generate` against `url` with `extra` flags, as a process.
@@ -114,11 +124,7 @@ fn a_drafter_killed_mid_generation_is_replaced_without_the_client_noticing() {
         .spawn()
         .expect("speculative run");
     let victim = busy_drafter(&drafters);
-    let killed = std::process::Command::new("kill")
-        .args(["-KILL", &drafters[victim].child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    signal(&drafters[victim].child, "-KILL");
     let out = run.wait_with_output().expect("the run ends");
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
@@ -153,4 +159,37 @@ fn a_drafter_killed_mid_generation_is_replaced_without_the_client_noticing() {
         "the next request is served: {}",
         stderr(&after)
     );
+}
+
+#[test]
+fn a_verifier_told_to_stop_finishes_its_generation_refuses_new_ones_and_exits() {
+    let mut verifier = service("verifier", &["--drain-seconds", "120"]);
+    let plain = generate(&verifier.url, &[]).output().expect("a first run");
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    let run = generate(&verifier.url, &[]).spawn().expect("a second run");
+    let end = Instant::now() + Duration::from_secs(60);
+    while scrape(verifier.metrics)["tandem_active_sessions"] < 1.0 {
+        assert!(Instant::now() < end, "the generation never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal(&verifier.child, "-TERM");
+    std::thread::sleep(Duration::from_millis(300));
+    let refused = tandem(&["generate", "--server", &verifier.url, "--prompt", "Hi"]);
+    assert!(
+        !refused.status.success(),
+        "new requests are refused while draining"
+    );
+    assert!(
+        stderr(&refused).contains("draining"),
+        "{}",
+        stderr(&refused)
+    );
+    let out = run.wait_with_output().expect("the run ends");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        out.stdout, plain.stdout,
+        "the generation in flight finished"
+    );
+    let status = verifier.child.wait().expect("the verifier ends");
+    assert!(status.success(), "a clean exit after the drain: {status}");
 }
