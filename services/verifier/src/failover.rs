@@ -45,7 +45,7 @@ impl FailoverSession {
         };
         Ok(Self {
             members,
-            sampling: sampling.clone(),
+            sampling: *sampling,
             history,
             session,
             failovers_left: MAX_FAILOVERS,
