@@ -5,11 +5,16 @@
 //! refused, work in flight finishes within the app's grace period). A warm-up that fails
 //! stops the server with its error. Both sides of every connection send HTTP/2 keepalive
 //! pings, so a peer that vanishes without closing is noticed. [`spawn`] runs one in the
-//! background with a handle that stops it on drop, as `tandem up` and the end-to-end tests do.
+//! background with a handle that stops it on drop, as `tandem up` and the end-to-end tests do,
+//! or kills it ([`Running::kill`]: every connection closed at once, no drain), as
+//! `tandem bench soak` does to a drafter.
 
 mod drain;
+mod kill;
 
 pub use drain::{Drain, Drained, InFlight};
+
+use kill::Kill;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -21,6 +26,7 @@ use tandem_telemetry::{serve_metrics, Registry};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::pb::health_check_response::ServingStatus as WireStatus;
@@ -108,6 +114,16 @@ pub async fn serve(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    serve_killable(app, listeners, shutdown, Kill::default()).await
+}
+
+/// [`serve`], every connection failing once `kill` fires.
+async fn serve_killable(
+    app: App,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    kill: Kill,
+) -> Result<(), ServeError> {
     let (reporter, health) = tonic_health::server::health_reporter();
     for name in ["", app.name] {
         reporter
@@ -137,7 +153,9 @@ pub async fn serve(
         // peer's ACK of the last one is delayed waits for it (accepted sockets do not take
         // the builder's `tcp_nodelay`).
         .serve_with_incoming_shutdown(
-            TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
+            TcpIncoming::from(listeners.grpc)
+                .with_nodelay(Some(true))
+                .map(move |io| io.map(|io| kill.wrap(io))),
             async {
                 tokio::select! {
                     () = shutdown => drain(&reporter, name, &app.drain, app.grace).await,
@@ -231,6 +249,7 @@ pub struct Running {
     /// Its `/metrics` address.
     pub metrics: SocketAddr,
     stop: watch::Sender<bool>,
+    kill: Kill,
     task: Option<JoinHandle<Result<(), ServeError>>>,
 }
 
@@ -241,11 +260,13 @@ pub fn spawn(app: App, listeners: Listeners) -> Result<Running, ServeError> {
         listeners.metrics.local_addr()?,
     );
     let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(serve(app, listeners, stopped(rx)));
+    let kill = Kill::default();
+    let task = tokio::spawn(serve_killable(app, listeners, stopped(rx), kill.clone()));
     Ok(Running {
         grpc,
         metrics,
         stop,
+        kill,
         task: Some(task),
     })
 }
@@ -272,6 +293,17 @@ impl Running {
         match self.task.take() {
             Some(task) => task.await?,
             None => Ok(()),
+        }
+    }
+
+    /// Ends the server as if its process died: every connection fails at once (work in
+    /// flight is cut off, not drained) and the gRPC listener closes, so its address can be
+    /// bound again.
+    pub async fn kill(mut self) {
+        self.kill.fire();
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
         }
     }
 }
@@ -391,6 +423,39 @@ mod tests {
             .await
             .expect("ends once the work is done")
             .expect("a clean stop");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kill_cuts_open_streams_at_once_and_frees_the_address() {
+        let running = spawn(app(Box::new(|| Ok(()))), listeners().await).expect("spawn");
+        running
+            .wait_serving(Duration::from_secs(10))
+            .await
+            .expect("serving");
+        let (grpc, url) = (running.grpc, running.url());
+        let channel = tonic::transport::Endpoint::from_shared(url)
+            .expect("url")
+            .connect()
+            .await
+            .expect("connect");
+        let req = HealthCheckRequest {
+            service: String::new(),
+        };
+        let mut watch = HealthClient::new(channel)
+            .watch(req)
+            .await
+            .expect("watch")
+            .into_inner();
+        assert!(watch.message().await.expect("first status").is_some());
+        running.kill().await;
+        let next = tokio::time::timeout(Duration::from_secs(5), watch.message())
+            .await
+            .expect("the open stream ends at once");
+        assert!(next.is_err(), "cut off, not ended cleanly: {next:?}");
+        let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        Listeners::bind(grpc, any)
+            .await
+            .expect("the address is free again");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
