@@ -38,6 +38,10 @@ enum BenchKind {
     /// A paired A/B of two drafters on the same prompts: acceptance and speed differences
     /// with 95 % intervals, and whether B should replace A.
     Ab(crate::bench_ab::AbArgs),
+    /// N client sessions for M seconds against a verifier and two drafters on loopback:
+    /// cancellations, slow readers, bad requests, deadlines and a drafter killed midway;
+    /// fails on unexpected errors, lost generations, gauges not back at 0 or RSS growth.
+    Soak(crate::bench_soak::SoakArgs),
     /// Draws the chart of a saved `bench speculative` JSON report again.
     Chart(crate::chart::ChartArgs),
 }
@@ -112,6 +116,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchKind::Rpc(a) => crate::bench_rpc::run(a),
         BenchKind::Speculative(a) => crate::bench_spec::run(a),
         BenchKind::Ab(a) => crate::bench_ab::run(a),
+        BenchKind::Soak(a) => crate::bench_soak::run(a),
         BenchKind::Chart(a) => crate::chart::redraw(a),
     }
 }

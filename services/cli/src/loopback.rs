@@ -1,9 +1,10 @@
-//! A drafter and a verifier served on loopback inside this process, talking real gRPC: what
-//! the benches use to measure speculation through the services.
+//! Drafters and a verifier served on loopback inside this process, talking real gRPC: what
+//! the benches use to measure speculation through the services, and what `tandem bench
+//! soak` loads (two drafters, one of them killed and started again on its address).
 
 use std::net::{Ipv4Addr, SocketAddr};
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, Context, Result};
 use tandem_engine::Engine;
 use tandem_serving::{Running, Serve};
 use tandem_verifier::VerifierSettings;
@@ -12,11 +13,13 @@ use crate::drafter::DrafterArgs;
 use crate::models::ModelArgs;
 use crate::serve::{self, DrafterOptions, READY_WAIT};
 
-/// Running loopback services; both stop when this is dropped, so it must outlive their use.
+/// Running loopback services; all stop when this is dropped, so it must outlive their use.
 pub struct Loopback {
     url: String,
     engine: Engine,
-    _servers: [Running; 2],
+    verifier: Running,
+    drafters: Vec<Option<Running>>,
+    drafter_addrs: Vec<SocketAddr>,
 }
 
 impl Loopback {
@@ -29,6 +32,37 @@ impl Loopback {
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
+
+    /// The verifier's `/metrics` address.
+    pub fn verifier_metrics(&self) -> SocketAddr {
+        self.verifier.metrics
+    }
+
+    /// The `/metrics` addresses of the drafters running now.
+    pub fn drafter_metrics(&self) -> Vec<SocketAddr> {
+        self.drafters.iter().flatten().map(|d| d.metrics).collect()
+    }
+
+    /// Kills drafter `i` as if its process died (no drain; its connections fail at once).
+    pub async fn kill_drafter(&mut self, i: usize) -> Result<()> {
+        let running = self.drafters[i]
+            .take()
+            .with_context(|| format!("drafter {i} is not running"))?;
+        running.kill().await;
+        Ok(())
+    }
+
+    /// Starts drafter `i` again on the address it had; returns once it reports SERVING.
+    pub async fn restart_drafter(
+        &mut self,
+        i: usize,
+        drafter: &DrafterArgs,
+        models: &ModelArgs,
+    ) -> Result<()> {
+        let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        self.drafters[i] = Some(start_drafter(drafter, models, self.drafter_addrs[i], any).await?);
+        Ok(())
+    }
 }
 
 /// Starts a drafter serving `drafter` and a verifier with server γ `gamma` (adaptive or
@@ -39,20 +73,30 @@ pub async fn start(
     gamma: usize,
     adaptive: bool,
 ) -> Result<Loopback> {
-    let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    let drain = VerifierSettings::default().drain_grace;
-    let drafter = serve::drafter_server(drafter, models, &DrafterOptions::default(), drain)?;
-    let d = drafter
-        .spawn(serve::listen(any, any).await?)
-        .map_err(|e| anyhow!("{e}"))?;
-    d.wait_serving(READY_WAIT)
-        .await
-        .map_err(|e| anyhow!("{e}"))?;
     let settings = VerifierSettings {
         gamma,
         adaptive_gamma: adaptive,
-        drafters: vec![d.url()],
         ..VerifierSettings::default()
+    };
+    start_with(drafter, models, 1, settings).await
+}
+
+/// Starts `drafters` drafters serving `drafter` and a verifier with `settings` drafting
+/// through them (its `drafters` are set here); returns once all report SERVING.
+pub async fn start_with(
+    drafter: &DrafterArgs,
+    models: &ModelArgs,
+    drafters: usize,
+    settings: VerifierSettings,
+) -> Result<Loopback> {
+    let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let mut running = Vec::with_capacity(drafters);
+    for _ in 0..drafters {
+        running.push(start_drafter(drafter, models, any, any).await?);
+    }
+    let settings = VerifierSettings {
+        drafters: running.iter().map(Running::url).collect(),
+        ..settings
     };
     let verifier = serve::verifier_server(models, settings).await?;
     let engine = verifier.engine().clone();
@@ -65,6 +109,27 @@ pub async fn start(
     Ok(Loopback {
         url: v.url(),
         engine,
-        _servers: [d, v],
+        verifier: v,
+        drafter_addrs: running.iter().map(|d| d.grpc).collect(),
+        drafters: running.into_iter().map(Some).collect(),
     })
+}
+
+/// A drafter serving `drafter` on `grpc` and `metrics`, once it reports SERVING.
+async fn start_drafter(
+    drafter: &DrafterArgs,
+    models: &ModelArgs,
+    grpc: SocketAddr,
+    metrics: SocketAddr,
+) -> Result<Running> {
+    let drain = VerifierSettings::default().drain_grace;
+    let server = serve::drafter_server(drafter, models, &DrafterOptions::default(), drain)?;
+    let running = server
+        .spawn(serve::listen(grpc, metrics).await?)
+        .map_err(|e| anyhow!("{e}"))?;
+    running
+        .wait_serving(READY_WAIT)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    Ok(running)
 }

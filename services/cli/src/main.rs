@@ -3,6 +3,7 @@
 mod bench;
 mod bench_ab;
 mod bench_rpc;
+mod bench_soak;
 mod bench_spec;
 mod calibrate;
 mod chart;
@@ -14,6 +15,7 @@ mod models;
 mod prompt_sets;
 mod reliability;
 mod serve;
+mod soak_client;
 mod train_drafter;
 
 use clap::{Parser, Subcommand};

@@ -155,6 +155,52 @@ fn bench_rpc_reports_the_network_overhead() {
     assert!(text.contains("verifier-drafter overhead"), "{text}");
 }
 
+/// A short soak (the CI one; `docs/performance` has the long one): four sessions for 20
+/// seconds with every behaviour and a drafter killed midway; nothing unexpected, nothing
+/// lost, every gauge back at 0.
+#[test]
+fn bench_soak_survives_abuse_and_a_drafter_restart() {
+    let args = [
+        "--sessions",
+        "4",
+        "--seconds",
+        "20",
+        "--drafter",
+        "random",
+        "--max-tokens",
+        "12",
+        "--rss-limit-percent",
+        "50",
+    ];
+    let (report, text) = bench_json("soak", &args);
+    assert_eq!(report["unexpected_errors"], serde_json::json!({}), "{text}");
+    assert_eq!(report["lost_generations"], 0, "{text}");
+    assert_eq!(report["greedy_mismatches"], 0, "{text}");
+    assert_eq!(report["failures"], serde_json::json!([]), "{text}");
+    let gauges = report["gauges"].as_object().expect("gauges");
+    assert_eq!(gauges.len(), 5, "{text}");
+    assert!(gauges.values().all(|v| v == 0.0), "{text}");
+    let outcomes = report["outcomes"].as_object().expect("outcomes");
+    let seen = |b: &str, o: &str| outcomes[b][o].as_u64().unwrap_or(0) > 0;
+    assert!(
+        seen("greedy", "finished") && seen("sampled", "finished"),
+        "{text}"
+    );
+    assert!(
+        seen("slow_reader", "finished") && seen("stall", "slow_dropped"),
+        "{text}"
+    );
+    assert!(seen("cancel", "cancelled_by_test"), "{text}");
+    assert!(seen("bad_request", "bad_request_refused"), "{text}");
+    assert!(outcomes.contains_key("deadline"), "{text}");
+    let restart = &report["restart"];
+    assert!(
+        restart["restarted_at_s"].as_f64() > restart["killed_at_s"].as_f64(),
+        "{text}"
+    );
+    assert!(text.contains("PASS"), "{text}");
+}
+
 #[test]
 fn bench_target_reports_load_decode_and_block_costs() {
     let (report, text) = bench_json(
