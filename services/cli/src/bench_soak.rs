@@ -4,8 +4,10 @@
 //! each drawn from a seeded RNG after the first requests have tried every behaviour once —
 //! while one drafter is killed at half time and started again on its address a few seconds
 //! later. It reports every request's outcome by behaviour, unexpected errors by gRPC code,
-//! lost generations, RSS after the warm-up and after the load, the services' gauges (which
-//! must be back at 0) and counters, and fails when any of its criteria is not met.
+//! lost generations, RSS along the load and after it (growth is measured from the first
+//! tenth of the load, when every behaviour has run at full concurrency), the services'
+//! gauges (which must be back at 0) and counters, and fails when any of its criteria is not
+//! met.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -80,7 +82,7 @@ pub struct SoakArgs {
     /// Seconds the verifier waits for a reader before dropping it.
     #[arg(long, default_value_t = 2)]
     slow_client_seconds: u64,
-    /// Largest RSS growth from the warm-up to the end accepted, in percent.
+    /// Largest RSS growth accepted from the first tenth of the load to the end, in percent.
     #[arg(long, default_value_t = 5.0)]
     rss_limit_percent: f64,
     /// Write the report as JSON here.
@@ -120,7 +122,14 @@ struct SoakReport {
     lost_generations: u64,
     greedy_mismatches: u64,
     restart: Restart,
+    /// After the warm-up requests, before the load.
+    rss_before_load_mib: f64,
+    /// After the first tenth of the load (every behaviour has run at full concurrency):
+    /// where growth is measured from.
     rss_start_mib: f64,
+    /// At every tenth of the load.
+    rss_samples_mib: Vec<f64>,
+    /// After the load, once the gauges read 0.
     rss_end_mib: f64,
     rss_growth_percent: f64,
     rss_limit_percent: f64,
@@ -190,9 +199,10 @@ async fn soak(a: &SoakArgs, prompts: Vec<String>) -> Result<SoakReport> {
     let mut lb = loopback::start_with(&a.drafter, &a.models, 2, settings(a)).await?;
     let load_s = loading.elapsed().as_secs_f64();
     let clients = Arc::new(warm_up(&lb, a, prompts).await?);
-    let rss_start = rss_mib()?;
+    let rss_before_load = rss_mib()?;
     let started = Instant::now();
     let load = Duration::from_secs(a.seconds);
+    let sampler = tokio::spawn(sample_rss(started, load));
     let drawn = Arc::new(AtomicUsize::new(0));
     let sessions = (0..a.sessions).map(|s| {
         let (clients, drawn) = (Arc::clone(&clients), Arc::clone(&drawn));
@@ -209,13 +219,17 @@ async fn soak(a: &SoakArgs, prompts: Vec<String>) -> Result<SoakReport> {
     let settle_s = ended.elapsed().as_secs_f64();
     tokio::time::sleep(SETTLE).await;
     let rss_end = rss_mib()?;
+    let rss_samples = sampler.await?;
+    let rss_start = rss_samples.first().copied().unwrap_or(rss_before_load);
     let mut report = tally.report(a);
     report.load_s = load_s;
     report.restart = Restart {
         sessions_after_restart: new_sessions,
         ..restart
     };
+    report.rss_before_load_mib = rss_before_load;
     report.rss_start_mib = rss_start;
+    report.rss_samples_mib = rss_samples;
     report.rss_end_mib = rss_end;
     report.rss_growth_percent = 100.0 * (rss_end - rss_start) / rss_start;
     report.settle_s = settle_s;
@@ -364,6 +378,16 @@ fn total(m: &BTreeMap<String, f64>, name: &str) -> f64 {
         .sum()
 }
 
+/// RSS at every tenth of the load (the last at its end).
+async fn sample_rss(started: Instant, load: Duration) -> Vec<f64> {
+    let mut samples = Vec::with_capacity(10);
+    for k in 1..=10 {
+        tokio::time::sleep_until((started + load * k / 10).into()).await;
+        samples.extend(rss_mib().ok());
+    }
+    samples
+}
+
 /// This process's resident memory, in MiB.
 fn rss_mib() -> Result<f64> {
     let status =
@@ -427,7 +451,9 @@ impl Tally {
             lost_generations: lost,
             greedy_mismatches: mismatches,
             restart: Restart::default(),
+            rss_before_load_mib: 0.0,
             rss_start_mib: 0.0,
+            rss_samples_mib: Vec::new(),
             rss_end_mib: 0.0,
             rss_growth_percent: 0.0,
             rss_limit_percent: a.rss_limit_percent,
@@ -489,9 +515,14 @@ fn print_report(r: &SoakReport) {
         "drafter 0 killed at {:.1} s, restarted at {:.1} s, {} sessions on it afterwards",
         r.restart.killed_at_s, r.restart.restarted_at_s, r.restart.sessions_after_restart
     );
+    let samples: Vec<String> = r
+        .rss_samples_mib
+        .iter()
+        .map(|m| format!("{m:.0}"))
+        .collect();
     println!(
-        "RSS {:.0} MiB after the warm-up → {:.0} MiB at the end ({:+.1} %, limit {} %)",
-        r.rss_start_mib, r.rss_end_mib, r.rss_growth_percent, r.rss_limit_percent
+        "RSS {:.0} MiB before the load, {:.0} MiB after its first tenth → {:.0} MiB at the end ({:+.1} %, limit {} %); every tenth: {}",
+        r.rss_before_load_mib, r.rss_start_mib, r.rss_end_mib, r.rss_growth_percent, r.rss_limit_percent, samples.join(" ")
     );
     println!("gauges after {:.1} s: {:?}", r.settle_s, r.gauges);
     println!("counters: {:?}", r.counters);

@@ -229,8 +229,8 @@ impl Clients {
         normal(read.await)
     }
 
-    /// Reads one chunk, then nothing for longer than the server waits; the server must have
-    /// dropped the generation (ABORTED) by the time reading resumes.
+    /// Reads one chunk, then nothing for [`stall_pause`]; the server must have dropped the
+    /// generation (ABORTED) by the time reading resumes, unless it finished first.
     async fn stall(&self, p: usize) -> Outcome {
         let mut client = match tiny_window_client(&self.url).await {
             Ok(c) => c,
@@ -240,7 +240,7 @@ impl Clients {
             let req = self.request(p, STALL_TOKENS, true);
             let mut stream = client.generate(req).await?.into_inner();
             stream.message().await?;
-            tokio::time::sleep(self.slow_client + Duration::from_secs(2)).await;
+            tokio::time::sleep(stall_pause(self.slow_client)).await;
             drain(&mut stream).await
         };
         match read.await {
@@ -271,6 +271,12 @@ impl Clients {
             Ok(_) => unexpected(Code::Ok),
         }
     }
+}
+
+/// How long a stalled reader reads nothing: long enough for a generation slowed by the load
+/// to fill the window and the server's buffers, then for the server's patience to run out.
+fn stall_pause(patience: Duration) -> Duration {
+    patience * 3 + Duration::from_secs(6)
 }
 
 /// A client on its own connection whose HTTP/2 windows are tiny, so the server can send
