@@ -4,15 +4,22 @@
 //! Prometheus text, and drain on a shutdown signal ([`drain`]: NOT_SERVING, new work
 //! refused, work in flight finishes within the app's grace period). A warm-up that fails
 //! stops the server with its error. Both sides of every connection send HTTP/2 keepalive
-//! pings, so a peer that vanishes without closing is noticed. [`spawn`] runs one in the
-//! background with a handle that stops it on drop, as `tandem up` and the end-to-end tests do,
-//! or kills it ([`Running::kill`]: every connection closed at once, no drain), as
-//! `tandem bench soak` does to a drafter.
+//! pings, so a peer that vanishes without closing is noticed. A server may be secured
+//! ([`Security`]: TLS, mutual TLS, bearer tokens) and may answer health on a plaintext probe
+//! listener too. [`spawn`] runs one in the background with a handle that stops it on drop,
+//! as `tandem up` and the end-to-end tests do, or kills it ([`Running::kill`]: every
+//! connection closed at once, no drain), as `tandem bench soak` does to a drafter.
 
+mod auth;
 mod drain;
 mod kill;
+mod security;
+mod tls;
 
+pub use auth::Tokens;
 pub use drain::{Drain, Drained, InFlight};
+pub use security::Security;
+pub use tls::{endpoint, ClientTls, ClientTlsFiles, KeyPair, SecurityError, ServerTlsFiles};
 
 use kill::Kill;
 
@@ -47,12 +54,17 @@ pub type ServeError = Box<dyn std::error::Error + Send + Sync>;
 /// Runs once before a server reports SERVING, on a blocking thread.
 pub type WarmUp = Box<dyn FnOnce() -> Result<(), ServeError> + Send>;
 
-/// The gRPC and `/metrics` listeners of one server.
+/// The gRPC and `/metrics` listeners of one server, how its gRPC listener is secured, and
+/// its optional plaintext health-only probe listener.
 pub struct Listeners {
     /// gRPC.
     pub grpc: TcpListener,
     /// Prometheus `/metrics`.
     pub metrics: TcpListener,
+    /// TLS and tokens of the gRPC listener.
+    pub security: Security,
+    /// Plaintext `grpc.health.v1` only, for probes that cannot speak TLS.
+    pub probe: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -66,6 +78,24 @@ impl Listeners {
         Ok(Self {
             grpc: bind(grpc, "gRPC").await?,
             metrics: bind(metrics, "metrics").await?,
+            security: Security::default(),
+            probe: None,
+        })
+    }
+
+    /// The listeners with gRPC secured as `security` says.
+    pub fn with_security(self, security: Security) -> Self {
+        Self { security, ..self }
+    }
+
+    /// The listeners plus a plaintext health-only listener on `addr`.
+    pub async fn with_probe(self, addr: SocketAddr) -> Result<Self, ServeError> {
+        let probe = TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr} (health probe): {e}"))?;
+        Ok(Self {
+            probe: Some(probe),
+            ..self
         })
     }
 }
@@ -134,20 +164,22 @@ async fn serve_killable(
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
+    let mut builder = listeners.security.server(&app.registry)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let metrics = tokio::spawn(serve_metrics(
         listeners.metrics,
         app.registry,
         stopped(stop_rx),
     ));
+    let probe = listeners
+        .probe
+        .map(|l| security::serve_probe(l, health.clone(), stopped(stop_tx.subscribe())));
     let name = app.name;
     let mut failed_rx = warm(app.warm_up, reporter.clone(), name);
     tracing::info!("{name} listening on {}", listeners.grpc.local_addr()?);
     let mut warm_error = None;
     let (closing, closed) = oneshot::channel::<()>();
-    let server = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+    let server = builder
         .add_routes(app.routes.add_service(health).add_service(reflection))
         // Small messages go out at once: with Nagle's algorithm a reply written while the
         // peer's ACK of the last one is delayed waits for it (accepted sockets do not take
@@ -176,6 +208,9 @@ async fn serve_killable(
     };
     let _ = stop_tx.send(true);
     metrics.await??;
+    if let Some(probe) = probe {
+        probe.await??;
+    }
     if let Some(e) = warm_error {
         return Err(format!("{name} warm-up failed: {e}").into());
     }
@@ -248,6 +283,7 @@ pub struct Running {
     pub grpc: SocketAddr,
     /// Its `/metrics` address.
     pub metrics: SocketAddr,
+    scheme: &'static str,
     stop: watch::Sender<bool>,
     kill: Kill,
     task: Option<JoinHandle<Result<(), ServeError>>>,
@@ -259,12 +295,14 @@ pub fn spawn(app: App, listeners: Listeners) -> Result<Running, ServeError> {
         listeners.grpc.local_addr()?,
         listeners.metrics.local_addr()?,
     );
+    let scheme = listeners.security.scheme();
     let (stop, rx) = watch::channel(false);
     let kill = Kill::default();
     let task = tokio::spawn(serve_killable(app, listeners, stopped(rx), kill.clone()));
     Ok(Running {
         grpc,
         metrics,
+        scheme,
         stop,
         kill,
         task: Some(task),
@@ -272,9 +310,9 @@ pub fn spawn(app: App, listeners: Listeners) -> Result<Running, ServeError> {
 }
 
 impl Running {
-    /// Its gRPC endpoint, `http://ip:port`.
+    /// Its gRPC endpoint, `http://ip:port` (`https://` with TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.grpc)
+        format!("{}://{}", self.scheme, self.grpc)
     }
 
     /// Asks the server to shut down.
@@ -284,7 +322,17 @@ impl Running {
 
     /// Waits (up to `limit`) until the server reports SERVING.
     pub async fn wait_serving(&self, limit: Duration) -> Result<(), ServeError> {
-        wait_serving(&self.url(), limit).await
+        self.wait_serving_over(None, limit).await
+    }
+
+    /// Waits (up to `limit`) until the server reports SERVING, connecting over `tls` (a
+    /// server with TLS) or in plaintext.
+    pub async fn wait_serving_over(
+        &self,
+        tls: Option<&ClientTls>,
+        limit: Duration,
+    ) -> Result<(), ServeError> {
+        wait_serving_at(endpoint(&self.url(), tls)?, limit).await
     }
 
     /// Stops the server and waits for it to end.
@@ -314,12 +362,16 @@ impl Drop for Running {
     }
 }
 
-/// The health status of the server at `url` (its "" service), `None` when it does not
-/// answer.
+/// The health status of the plaintext server at `url` (its "" service), `None` when it
+/// does not answer.
 pub async fn health(url: &str) -> Option<WireStatus> {
-    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
-        .ok()?
-        .connect_lazy();
+    health_at(&endpoint(url, None).ok()?).await
+}
+
+/// The health status of the server at `endpoint` (its "" service), `None` when it does
+/// not answer.
+pub async fn health_at(endpoint: &tonic::transport::Endpoint) -> Option<WireStatus> {
+    let channel = endpoint.connect_lazy();
     let req = HealthCheckRequest {
         service: String::new(),
     };
@@ -327,15 +379,24 @@ pub async fn health(url: &str) -> Option<WireStatus> {
     WireStatus::try_from(status.into_inner().status).ok()
 }
 
-/// Waits (up to `limit`) until the server at `url` reports SERVING.
+/// Waits (up to `limit`) until the plaintext server at `url` reports SERVING.
 pub async fn wait_serving(url: &str, limit: Duration) -> Result<(), ServeError> {
+    wait_serving_at(endpoint(url, None)?, limit).await
+}
+
+/// Waits (up to `limit`) until the server at `endpoint` reports SERVING.
+pub async fn wait_serving_at(
+    endpoint: tonic::transport::Endpoint,
+    limit: Duration,
+) -> Result<(), ServeError> {
     let deadline = tokio::time::Instant::now() + limit;
     while tokio::time::Instant::now() < deadline {
-        if health(url).await == Some(WireStatus::Serving) {
+        if health_at(&endpoint).await == Some(WireStatus::Serving) {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let url = endpoint.uri();
     Err(format!("{url} did not become ready within {limit:?}").into())
 }
 
@@ -456,6 +517,88 @@ mod tests {
         Listeners::bind(grpc, any)
             .await
             .expect("the address is free again");
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tls_server_answers_health_over_tls_and_on_its_plaintext_probe() {
+        let pki = tandem_testkit::Pki::new("serving-test");
+        let leaf = pki.leaf("server");
+        let identity = KeyPair {
+            cert: leaf.cert,
+            key: leaf.key,
+        };
+        let files = ServerTlsFiles {
+            identity: identity.clone(),
+            client_ca: None,
+        };
+        let security = Security {
+            tls: Some(files.load().expect("server TLS")),
+            tokens: None,
+        };
+        let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        let listeners = listeners().await.with_security(security);
+        let listeners = listeners.with_probe(any).await.expect("a probe listener");
+        let probe = format!(
+            "http://{}",
+            listeners
+                .probe
+                .as_ref()
+                .expect("probe")
+                .local_addr()
+                .expect("addr")
+        );
+        let running = spawn(app(Box::new(|| Ok(()))), listeners).expect("spawn");
+        assert!(running.url().starts_with("https://"), "{}", running.url());
+        let client = ClientTlsFiles {
+            ca: pki.ca.clone(),
+            identity: None,
+            domain: None,
+        };
+        let client = client.load().expect("client TLS");
+        running
+            .wait_serving_over(Some(&client), Duration::from_secs(10))
+            .await
+            .expect("SERVING over TLS");
+        wait_serving(&probe, Duration::from_secs(10))
+            .await
+            .expect("SERVING on the plaintext probe");
+        assert_eq!(health(&running.url().replace("https", "http")).await, None);
+        running.shutdown().await.expect("a clean stop");
+    }
+
+    #[test]
+    fn unusable_tls_files_are_one_clear_error() {
+        let pki = tandem_testkit::Pki::new("serving-test");
+        let leaf = pki.leaf("server");
+        let garbage = pki.file("garbage.pem", "not a PEM file");
+        let load = |cert: &std::path::Path, key: &std::path::Path| {
+            let identity = KeyPair {
+                cert: cert.to_path_buf(),
+                key: key.to_path_buf(),
+            };
+            let files = ServerTlsFiles {
+                identity,
+                client_ca: None,
+            };
+            files.load().map(drop).expect_err("refused").to_string()
+        };
+        let missing = load(std::path::Path::new("/nonexistent.pem"), &leaf.key);
+        assert!(
+            missing.contains("cannot read TLS certificate /nonexistent.pem"),
+            "{missing}"
+        );
+        let bad_key = load(&leaf.cert, &garbage);
+        assert!(
+            bad_key.contains("garbage.pem") || bad_key.contains("server.pem"),
+            "{bad_key}"
+        );
+        assert!(!bad_key.contains('\n'), "{bad_key}");
+        let bad_ca = ClientTlsFiles {
+            ca: garbage,
+            identity: None,
+            domain: None,
+        };
+        let bad_ca = bad_ca.load().map(drop).expect_err("refused").to_string();
+        assert!(bad_ca.contains("garbage.pem"), "{bad_ca}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
