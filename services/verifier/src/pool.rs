@@ -1,6 +1,7 @@
 //! The verifier's drafters: long-lived HTTP/2 channels to a set of endpoints (fixed
 //! `http://host:port` addresses, or `dns:///name:port` names re-resolved periodically, as a
-//! headless Kubernetes Service gives one address per pod). Each endpoint is checked with
+//! headless Kubernetes Service gives one address per pod), over TLS (`https://`, mutual
+//! with a client identity) when the pool has client TLS. Each endpoint is checked with
 //! Info before use; one made for another target is refused. New sessions go to the least
 //! loaded healthy drafter; when theirs dies or stalls they move to another
 //! ([`crate::failover`]). Endpoints that disappear keep serving the sessions they already
@@ -19,7 +20,7 @@ use tandem_core::{
 };
 use tandem_proto::spec::spec_from_info;
 use tandem_proto::v1 as pb;
-use tandem_serving::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
+use tandem_serving::{ClientTls, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
 use tokio::runtime::Handle;
 use tonic::transport::{Channel, Endpoint};
 
@@ -51,9 +52,12 @@ pub enum Source {
 }
 
 impl Source {
-    /// Parses `http://host:port`, `https://…`, `host:port` or `dns:///name:port`.
-    pub fn parse(s: &str) -> Result<Self, VerifierError> {
+    /// Parses `http://host:port`, `https://…`, `host:port` or `dns:///name:port`; with `tls`
+    /// a bare address means `https://`, and `http://` is refused (no silent plaintext), as
+    /// `https://` is without.
+    pub fn parse(s: &str, tls: bool) -> Result<Self, VerifierError> {
         let bad = || VerifierError::InvalidArgument(format!("bad drafter endpoint {s:?}"));
+        let scheme = scheme(tls);
         if let Some(rest) = s
             .strip_prefix("dns:///")
             .or_else(|| s.strip_prefix("dns://"))
@@ -68,18 +72,33 @@ impl Source {
                 port,
             });
         }
-        if s.starts_with("http://") || s.starts_with("https://") {
+        if let Some((given, _)) = s.split_once("://") {
+            if given != scheme {
+                return Err(VerifierError::InvalidArgument(format!(
+                    "drafter endpoint {s:?} is {given} but drafter TLS is {}: use {scheme}://",
+                    if tls { "set" } else { "not set" }
+                )));
+            }
             return Ok(Self::Static(s.to_string()));
         }
         if s.rsplit_once(':')
             .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
         {
-            return Ok(Self::Static(format!("http://{s}")));
+            return Ok(Self::Static(format!("{scheme}://{s}")));
         }
         Err(bad())
     }
 
-    async fn urls(&self, resolver: &dyn Resolve) -> std::io::Result<Vec<String>> {
+    /// The host name the drafters' certificates must carry: a DNS source's name (its
+    /// addresses are dialled), else the URL's host.
+    fn tls_host(&self) -> Option<&str> {
+        match self {
+            Self::Static(_) => None,
+            Self::Dns { host, .. } => Some(host),
+        }
+    }
+
+    async fn urls(&self, resolver: &dyn Resolve, tls: bool) -> std::io::Result<Vec<String>> {
         match self {
             Self::Static(u) => Ok(vec![u.clone()]),
             Self::Dns { host, port } => {
@@ -87,13 +106,21 @@ impl Source {
                     .resolve(host, *port)
                     .await?
                     .into_iter()
-                    .map(|a| format!("http://{a}"))
+                    .map(|a| format!("{}://{a}", scheme(tls)))
                     .collect();
                 urls.sort();
                 urls.dedup();
                 Ok(urls)
             }
         }
+    }
+}
+
+fn scheme(tls: bool) -> &'static str {
+    if tls {
+        "https"
+    } else {
+        "http"
     }
 }
 
@@ -157,6 +184,8 @@ pub struct PoolConfig {
     /// What the target can export: a drafter whose declared snapshot does not fit it is
     /// refused.
     pub snapshot: SnapshotSupport,
+    /// TLS to the drafters; `None`: plaintext.
+    pub tls: Option<ClientTls>,
 }
 
 /// The drafters a verifier drafts with; a [`Proposer`] over all of them.
@@ -190,7 +219,7 @@ impl DrafterPool {
         let sources = cfg
             .endpoints
             .iter()
-            .map(|e| Source::parse(e))
+            .map(|e| Source::parse(e, cfg.tls.is_some()))
             .collect::<Result<_, _>>()?;
         let members = Members {
             list: RwLock::new(Vec::new()),
@@ -227,7 +256,10 @@ impl DrafterPool {
         let mut keep: Vec<Arc<Member>> = Vec::new();
         let current = self.members.all();
         for (i, source) in self.sources.iter().enumerate() {
-            let urls = match source.urls(self.resolver.as_ref()).await {
+            let urls = match source
+                .urls(self.resolver.as_ref(), self.cfg.tls.is_some())
+                .await
+            {
                 Ok(urls) => urls,
                 Err(e) => {
                     tracing::warn!("cannot resolve drafters {source:?}: {e}");
@@ -274,20 +306,21 @@ impl DrafterPool {
         source: usize,
         fixed: bool,
     ) -> Result<Option<Arc<Member>>, VerifierError> {
-        let channel = match Endpoint::from_shared(url.to_string()) {
-            Ok(e) => e
-                .connect_timeout(INFO_TIMEOUT)
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-                .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-                .keep_alive_while_idle(true)
-                .connect_lazy(),
-            Err(e) => {
-                return Err(VerifierError::InvalidArgument(format!(
-                    "bad drafter endpoint {url}: {e}"
-                )))
-            }
+        let bad = |e: &dyn std::fmt::Display| {
+            VerifierError::InvalidArgument(format!("bad drafter endpoint {url}: {e}"))
         };
+        let mut endpoint = Endpoint::from_shared(url.to_string()).map_err(|e| bad(&e))?;
+        if let Some(tls) = &self.cfg.tls {
+            let host = self.sources[source].tls_host();
+            endpoint = tls.apply(endpoint, host).map_err(|e| bad(&e))?;
+        }
+        let channel = endpoint
+            .connect_timeout(INFO_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true)
+            .connect_lazy();
         let mut client = DrafterClient::new(channel);
         let info = match tokio::time::timeout(INFO_TIMEOUT, client.info(pb::InfoRequest {})).await {
             Ok(Ok(info)) => info.into_inner(),
@@ -462,22 +495,38 @@ mod tests {
     #[test]
     fn endpoints_parse() {
         assert_eq!(
-            Source::parse("http://a:1").ok(),
+            Source::parse("http://a:1", false).ok(),
             Some(Source::Static("http://a:1".into()))
         );
         assert_eq!(
-            Source::parse("a:50052").ok(),
+            Source::parse("a:50052", false).ok(),
             Some(Source::Static("http://a:50052".into()))
         );
         assert_eq!(
-            Source::parse("dns:///drafters.ns.svc:50052").ok(),
+            Source::parse("dns:///drafters.ns.svc:50052", false).ok(),
             Some(Source::Dns {
                 host: "drafters.ns.svc".into(),
                 port: 50052
             })
         );
-        for bad in ["", "dns:///x", "dns:///:1", "nohost", "a:b"] {
-            assert!(Source::parse(bad).is_err(), "{bad}");
+        for bad in ["", "dns:///x", "dns:///:1", "nohost", "a:b", "https://a:1"] {
+            assert!(Source::parse(bad, false).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn with_tls_endpoints_are_https_and_plaintext_is_refused() {
+        assert_eq!(
+            Source::parse("a:50052", true).ok(),
+            Some(Source::Static("https://a:50052".into()))
+        );
+        assert_eq!(
+            Source::parse("https://a:1", true).ok(),
+            Some(Source::Static("https://a:1".into()))
+        );
+        let dns = Source::parse("dns:///d.ns.svc:50052", true).expect("a DNS source");
+        assert_eq!(dns.tls_host(), Some("d.ns.svc"));
+        let err = Source::parse("http://a:1", true).expect_err("plaintext refused");
+        assert!(err.to_string().contains("use https://"), "{err}");
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tandem_core::Verification;
 use tandem_engine::{Engine, GenerationRequest, Update};
 use tandem_proto::v1 as pb;
-use tandem_serving::{App, Drain, Serve, ServeError};
+use tandem_serving::{App, ClientTls, Drain, Serve, ServeError};
 use tandem_telemetry::Registry;
 use tonic::server::NamedService;
 use tonic::service::Routes;
@@ -67,6 +67,8 @@ pub struct VerifierSettings {
     /// Longest prompt + generation accepted, below the target's own context (`None`: the
     /// target's).
     pub max_context: Option<usize>,
+    /// TLS to the drafters (mutual with a client identity); `None`: plaintext.
+    pub drafter_tls: Option<ClientTls>,
 }
 
 impl Default for VerifierSettings {
@@ -88,6 +90,7 @@ impl Default for VerifierSettings {
             drain_grace: Duration::from_secs(30),
             snapshot_chunk_bytes: 1 << 20,
             max_context: None,
+            drafter_tls: None,
         }
     }
 }
@@ -168,6 +171,7 @@ impl VerifierBuilder {
                         chunk_bytes: s.snapshot_chunk_bytes,
                     },
                     snapshot: engine.model().snapshot_support(),
+                    tls: s.drafter_tls.clone(),
                 };
                 let handle = tokio::runtime::Handle::current();
                 let pool = DrafterPool::new(cfg, Arc::clone(&metrics), handle)?;
