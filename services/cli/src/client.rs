@@ -1,13 +1,82 @@
-//! `tandem generate --server URL`: the same request sent to a verifier over gRPC, its text
-//! streamed to stdout and its statistics to stderr.
+//! `tandem generate --server URL`: the same request sent to a verifier over gRPC (TLS for
+//! an `https://` URL, a bearer token when the verifier wants one), its text streamed to
+//! stdout and its statistics to stderr.
 
 use std::io::Write;
+use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use clap::Args;
 use pb::generation_client::GenerationClient;
 use tandem_core::{SamplingParams, Verification};
 use tandem_proto::codec::sampling_to_pb;
 use tandem_proto::v1 as pb;
+use tandem_serving::{endpoint, ClientTlsFiles};
+use tonic::metadata::{Ascii, MetadataValue};
+
+/// How the client reaches a secured verifier.
+#[derive(Args, Debug, Clone)]
+pub struct ServerAccess {
+    /// PEM CA bundle the verifier's certificate must chain to (for an `https://` --server).
+    #[arg(long, env = "TANDEM_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// Name the verifier's certificate carries, when it differs from the URL's host.
+    #[arg(long, env = "TANDEM_TLS_DOMAIN", requires = "tls_ca")]
+    tls_domain: Option<String>,
+    /// Bearer token sent as `authorization: Bearer <token>` (prefer the environment
+    /// variable: a flag shows in the process list).
+    #[arg(long, env = "TANDEM_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+impl ServerAccess {
+    /// A client of the verifier at `url`.
+    async fn connect(&self, url: &str) -> Result<GenerationClient<Authorized>> {
+        let tls = match &self.tls_ca {
+            Some(ca) => Some(
+                ClientTlsFiles {
+                    ca: ca.clone(),
+                    identity: None,
+                    domain: self.tls_domain.clone(),
+                }
+                .load()?,
+            ),
+            None => None,
+        };
+        let token: Option<MetadataValue<Ascii>> = match &self.token {
+            Some(t) => Some(
+                format!("Bearer {t}")
+                    .parse()
+                    .context("the token has characters a header cannot carry")?,
+            ),
+            None => None,
+        };
+        let channel = endpoint(url, tls.as_ref())?
+            .connect()
+            .await
+            .with_context(|| format!("cannot connect to {url}"))?;
+        Ok(GenerationClient::with_interceptor(
+            channel,
+            Authorization(token),
+        ))
+    }
+}
+
+/// Adds the bearer token, when there is one, to every call.
+#[derive(Clone)]
+struct Authorization(Option<MetadataValue<Ascii>>);
+
+impl tonic::service::Interceptor for Authorization {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            req.metadata_mut().insert("authorization", token.clone());
+        }
+        Ok(req)
+    }
+}
+
+type Authorized =
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Authorization>;
 
 /// What the client sends.
 pub struct RemoteRequest {
@@ -31,15 +100,13 @@ pub struct RemoteRequest {
     pub confidence_cuts: Option<bool>,
 }
 
-/// Streams a generation from the verifier at `url`.
-pub fn generate(url: &str, r: &RemoteRequest) -> Result<pb::Finished> {
+/// Streams a generation from the verifier at `url`, reached as `access` says.
+pub fn generate(url: &str, access: &ServerAccess, r: &RemoteRequest) -> Result<pb::Finished> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let mut client = GenerationClient::connect(url.to_string())
-            .await
-            .with_context(|| format!("cannot connect to {url}"))?;
+        let mut client = access.connect(url).await?;
         let req = pb::GenerateRequest {
             prompt: Some(pb::generate_request::Prompt::Text(r.prompt.clone())),
             sampling: Some(sampling_to_pb(&r.sampling)),

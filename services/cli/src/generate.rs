@@ -63,6 +63,8 @@ pub struct GenerateArgs {
     #[arg(long)]
     server: Option<String>,
     #[command(flatten)]
+    access: client::ServerAccess,
+    #[command(flatten)]
     drafter: DrafterArgs,
     #[command(flatten)]
     models: ModelArgs,
@@ -172,7 +174,7 @@ fn run_remote(url: &str, args: &GenerateArgs) -> Result<()> {
         verification: args.verification,
         confidence_cuts: args.no_confidence_cuts.then_some(false),
     };
-    let finished = client::generate(url, &req)?;
+    let finished = client::generate(url, &args.access, &req)?;
     eprintln!("\n[{}]", client::summary(&finished));
     Ok(())
 }

@@ -1,14 +1,20 @@
 //! `tandem drafter`, `tandem verifier` and `tandem up` (both on one machine): the services
 //! of the design, configured by flags or the environment, running until Ctrl-C or SIGTERM.
+//! Security (TLS, mutual TLS, bearer tokens) is the operator's choice; by default the
+//! services are plaintext and open, as `tandem up` on a laptop wants.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 use clap::Args;
 use tandem_core::Verification;
 use tandem_drafter::{Drafter, DrafterConfig};
-use tandem_serving::{Listeners, Serve};
+use tandem_serving::{
+    ClientTls, ClientTlsFiles, KeyPair, Listeners, Security, Serve, ServerTlsFiles, Tokens,
+};
 use tandem_verifier::{Verifier, VerifierSettings};
 
 use crate::drafter::DrafterArgs;
@@ -26,6 +32,8 @@ pub struct DrafterServeArgs {
     /// Seconds open sessions may go on after SIGTERM (new ones are refused meanwhile).
     #[arg(long, env = "TANDEM_DRAIN_SECONDS", default_value_t = 30)]
     drain_seconds: u64,
+    #[command(flatten)]
+    tls: TlsArgs,
     #[command(flatten)]
     opts: DrafterOptions,
     #[command(flatten)]
@@ -62,6 +70,12 @@ pub struct VerifierServeArgs {
     /// separated. None: plain decoding only.
     #[arg(long, env = "TANDEM_DRAFTERS", value_delimiter = ',')]
     drafters: Vec<String>,
+    #[command(flatten)]
+    tls: TlsArgs,
+    #[command(flatten)]
+    auth: AuthArgs,
+    #[command(flatten)]
+    drafter_tls: DrafterTlsArgs,
     #[command(flatten)]
     opts: VerifierOptions,
     #[command(flatten)]
@@ -117,6 +131,101 @@ pub struct VerifierOptions {
     /// Longest prompt + generation accepted (default: the model's context).
     #[arg(long, env = "TANDEM_MAX_CONTEXT")]
     max_context: Option<usize>,
+}
+
+/// TLS of a service's gRPC listener.
+#[derive(Args, Debug, Clone)]
+pub struct TlsArgs {
+    /// PEM certificate chain the gRPC listener presents: TLS on (needs --tls-key).
+    #[arg(long, env = "TANDEM_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "TANDEM_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA bundle: clients must present a certificate it signed (mutual TLS).
+    #[arg(long, env = "TANDEM_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Also answer gRPC health checks, and nothing else, in plaintext here: for probes that
+    /// cannot speak TLS (Kubernetes' gRPC probes).
+    #[arg(long, env = "TANDEM_PROBE_LISTEN")]
+    probe_listen: Option<SocketAddr>,
+}
+
+/// Bearer tokens of the client-facing service.
+#[derive(Args, Debug, Clone)]
+pub struct AuthArgs {
+    /// File of accepted bearer tokens, one a line (blank and `#` lines skipped): every call
+    /// but health checks must send `authorization: Bearer <token>`.
+    #[arg(long, env = "TANDEM_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+}
+
+/// TLS from the verifier to its drafters.
+#[derive(Args, Debug, Clone)]
+pub struct DrafterTlsArgs {
+    /// PEM CA bundle the drafters' certificates must chain to: TLS to the drafters on.
+    #[arg(long, env = "TANDEM_DRAFTER_TLS_CA")]
+    drafter_tls_ca: Option<PathBuf>,
+    /// PEM certificate chain the verifier presents to drafters (mutual TLS).
+    #[arg(long, env = "TANDEM_DRAFTER_TLS_CERT", requires_all = ["drafter_tls_key", "drafter_tls_ca"])]
+    drafter_tls_cert: Option<PathBuf>,
+    /// PEM private key of --drafter-tls-cert.
+    #[arg(long, env = "TANDEM_DRAFTER_TLS_KEY", requires = "drafter_tls_cert")]
+    drafter_tls_key: Option<PathBuf>,
+    /// Name the drafters' certificates carry (default: the endpoint's host; for a
+    /// `dns:///name:port` endpoint, `name`).
+    #[arg(long, env = "TANDEM_DRAFTER_TLS_DOMAIN", requires = "drafter_tls_ca")]
+    drafter_tls_domain: Option<String>,
+}
+
+impl TlsArgs {
+    /// `listeners` secured as these flags and `auth` say, with their probe listener.
+    async fn secure(&self, listeners: Listeners, auth: Option<&AuthArgs>) -> Result<Listeners> {
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(
+                ServerTlsFiles {
+                    identity: KeyPair {
+                        cert: cert.clone(),
+                        key: key.clone(),
+                    },
+                    client_ca: self.tls_client_ca.clone(),
+                }
+                .load()?,
+            ),
+            _ => None,
+        };
+        let tokens = match auth.and_then(|a| a.token_file.as_deref()) {
+            Some(path) => Some(Arc::new(Tokens::load(path)?)),
+            None => None,
+        };
+        let listeners = listeners.with_security(Security { tls, tokens });
+        match self.probe_listen {
+            Some(addr) => listeners.with_probe(addr).await.map_err(|e| anyhow!("{e}")),
+            None => Ok(listeners),
+        }
+    }
+}
+
+impl DrafterTlsArgs {
+    /// The verifier's client TLS to drafters, `None` without --drafter-tls-ca.
+    fn load(&self) -> Result<Option<ClientTls>> {
+        let Some(ca) = &self.drafter_tls_ca else {
+            return Ok(None);
+        };
+        let identity = match (&self.drafter_tls_cert, &self.drafter_tls_key) {
+            (Some(cert), Some(key)) => Some(KeyPair {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            _ => None,
+        };
+        let files = ClientTlsFiles {
+            ca: ca.clone(),
+            identity,
+            domain: self.drafter_tls_domain.clone(),
+        };
+        Ok(Some(files.load()?))
+    }
 }
 
 impl Default for DrafterOptions {
@@ -186,6 +295,11 @@ pub struct UpArgs {
     /// Drafter /metrics listen address.
     #[arg(long, default_value = "127.0.0.1:9102")]
     drafter_metrics_listen: SocketAddr,
+    /// TLS of the verifier's listener (the drafter stays in plaintext on its own address).
+    #[command(flatten)]
+    tls: TlsArgs,
+    #[command(flatten)]
+    auth: AuthArgs,
     #[command(flatten)]
     verifier: VerifierOptions,
     #[command(flatten)]
@@ -261,6 +375,7 @@ pub fn drafter(a: DrafterServeArgs) -> Result<()> {
     let drafter = drafter_server(&a.drafter, &a.models, &a.opts, drain)?;
     runtime()?.block_on(async move {
         let listeners = listen(a.listen, a.metrics_listen).await?;
+        let listeners = a.tls.secure(listeners, None).await?;
         announce("drafter", &listeners)?;
         drafter
             .serve(listeners, shutdown_signal())
@@ -282,7 +397,12 @@ pub(crate) async fn verifier_server(
 pub fn verifier(a: VerifierServeArgs) -> Result<()> {
     runtime()?.block_on(async move {
         let listeners = listen(a.listen, a.metrics_listen).await?;
-        let verifier = verifier_server(&a.models, a.opts.settings(a.drafters)).await?;
+        let listeners = a.tls.secure(listeners, Some(&a.auth)).await?;
+        let settings = VerifierSettings {
+            drafter_tls: a.drafter_tls.load()?,
+            ..a.opts.settings(a.drafters)
+        };
+        let verifier = verifier_server(&a.models, settings).await?;
         announce("verifier", &listeners)?;
         verifier
             .serve(listeners, shutdown_signal())
@@ -298,13 +418,15 @@ pub fn up(a: UpArgs) -> Result<()> {
     runtime()?.block_on(async move {
         let d_listeners = listen(a.drafter_listen, a.drafter_metrics_listen).await?;
         let listeners = listen(a.listen, a.metrics_listen).await?;
+        let listeners = a.tls.secure(listeners, Some(&a.auth)).await?;
+        let scheme = listeners.security.scheme();
         let running = drafter.spawn(d_listeners).map_err(|e| anyhow!("{e}"))?;
         running.wait_serving(READY_WAIT).await.map_err(|e| anyhow!("{e}"))?;
         let verifier = verifier_server(&a.models, a.verifier.settings(vec![running.url()])).await?;
         let grpc = listeners.grpc.local_addr()?;
         let metrics = listeners.metrics.local_addr()?;
         eprintln!(
-            "tandem up: verifier on {grpc} (metrics {metrics}), drafter on {} (metrics {}); try\n  tandem generate --server http://{grpc} --prompt \"The capital of France is\"",
+            "tandem up: verifier on {grpc} (metrics {metrics}), drafter on {} (metrics {}); try\n  tandem generate --server {scheme}://{grpc} --prompt \"The capital of France is\"",
             running.grpc, running.metrics
         );
         let result = verifier.serve(listeners, shutdown_signal()).await;
