@@ -55,7 +55,7 @@ async fn a_prompt_near_the_context_limit_reaches_the_drafter_in_chunks() {
         max_message_bytes: 1 << 20,
         ..DrafterConfig::new(target(), "dspark")
     };
-    let d = start_drafter_with("127.0.0.1", shipped_drafter(), cfg).await;
+    let d = start_drafter_with("127.0.0.1", shipped_drafter(), cfg, Secure::default()).await;
     let v = start_verifier(VerifierSetup {
         drafters: vec![d.url.clone()],
         max_context: Some(2048),
@@ -218,7 +218,7 @@ async fn an_idle_drafting_session_is_closed() {
         idle_timeout: Duration::from_millis(500),
         ..DrafterConfig::new(target(), "dspark")
     };
-    let d = start_drafter_with("127.0.0.1", random_drafter(), cfg).await;
+    let d = start_drafter_with("127.0.0.1", random_drafter(), cfg, Secure::default()).await;
     let mut client = pb::drafter_client::DrafterClient::connect(d.url.clone())
         .await
         .unwrap();

@@ -1,6 +1,7 @@
 //! Shared harness of the end-to-end tests: the real Gemma 3 270M (fetched by
 //! scripts/fetch-models.sh; tests never download), a randomly initialised DSpark drafter,
-//! and real drafter and verifier servers on 127.0.0.1:0 with their /metrics endpoints.
+//! and real drafter and verifier servers on 127.0.0.1:0 with their /metrics endpoints,
+//! plaintext and open or secured ([`Secure`]: TLS, mutual TLS, bearer tokens).
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
@@ -13,7 +14,7 @@ use tandem_drafter::{Drafter, DrafterConfig};
 use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
 use tandem_engine::{Engine, Placement, TargetFiles};
 use tandem_proto::v1 as pb;
-use tandem_serving::{Listeners, Running, Serve};
+use tandem_serving::{ClientTls, Listeners, Running, Security, Serve};
 use tandem_testkit::{real_gguf, real_tokenizer};
 use tandem_verifier::{Resolve, Verifier, VerifierSettings};
 
@@ -59,16 +60,25 @@ pub struct Node {
     running: Running,
 }
 
+/// How a test server is secured, and how the harness reaches it to wait for SERVING.
+#[derive(Clone, Default)]
+pub struct Secure {
+    /// The server's TLS and tokens (default: plaintext, open).
+    pub security: Security,
+    /// The harness's TLS to it (a TLS server); mutual TLS needs an identity in it.
+    pub client: Option<ClientTls>,
+}
+
 impl Node {
     /// Asks the server to shut down.
     pub fn stop(&self) {
         self.running.stop();
     }
 
-    /// Waits until `running` reports SERVING.
-    async fn ready(running: Running) -> Node {
+    /// Waits until `running` reports SERVING, reaching it over `client` TLS when given.
+    async fn ready(running: Running, client: Option<&ClientTls>) -> Node {
         running
-            .wait_serving(Duration::from_secs(60))
+            .wait_serving_over(client, Duration::from_secs(60))
             .await
             .expect("SERVING");
         Node {
@@ -103,17 +113,33 @@ pub async fn start_drafter_kind(
     target: TargetIdentity,
     kind: &str,
 ) -> Node {
-    start_drafter_with(host, proposer, DrafterConfig::new(target, kind)).await
+    start_drafter_secured(host, proposer, target, kind, Secure::default()).await
 }
 
-/// Starts a drafter serving `proposer` as `cfg` says on `host` (an IP).
+/// Starts a drafter of `kind` serving `proposer` for `target` on `host` (an IP), secured
+/// as `secure` says.
+pub async fn start_drafter_secured(
+    host: &str,
+    proposer: Arc<dyn Proposer>,
+    target: TargetIdentity,
+    kind: &str,
+    secure: Secure,
+) -> Node {
+    start_drafter_with(host, proposer, DrafterConfig::new(target, kind), secure).await
+}
+
+/// Starts a drafter serving `proposer` as `cfg` says on `host` (an IP), secured as `secure`
+/// says.
 pub async fn start_drafter_with(
     host: &str,
     proposer: Arc<dyn Proposer>,
     cfg: DrafterConfig,
+    secure: Secure,
 ) -> Node {
     let drafter = Drafter::new(proposer, cfg);
-    Node::ready(drafter.spawn(listeners(host).await).expect("spawn")).await
+    let listeners = listeners(host).await.with_security(secure.security);
+    let running = drafter.spawn(listeners).expect("spawn");
+    Node::ready(running, secure.client.as_ref()).await
 }
 
 /// The folder of the DSpark drafter shipped in drafters/.
@@ -149,6 +175,10 @@ pub struct VerifierSetup {
     pub slow_client: Option<Duration>,
     /// Longest prompt + generation (default: the model's).
     pub max_context: Option<usize>,
+    /// The verifier's TLS to its drafters.
+    pub drafter_tls: Option<ClientTls>,
+    /// The verifier's own listener.
+    pub secure: Secure,
 }
 
 impl Default for VerifierSetup {
@@ -161,6 +191,8 @@ impl Default for VerifierSetup {
             resolver: None,
             slow_client: None,
             max_context: None,
+            drafter_tls: None,
+            secure: Secure::default(),
         }
     }
 }
@@ -183,6 +215,7 @@ pub async fn build_verifier(
         open_timeout: Duration::from_secs(60),
         propose_timeout: Duration::from_secs(120),
         max_context: setup.max_context,
+        drafter_tls: setup.drafter_tls,
         ..VerifierSettings::default()
     };
     let settings = VerifierSettings {
@@ -202,10 +235,12 @@ pub async fn start_verifier(setup: VerifierSetup) -> Node {
 }
 
 /// Starts a verifier over `engine`.
-pub async fn start_verifier_for(engine: Engine, setup: VerifierSetup) -> Node {
+pub async fn start_verifier_for(engine: Engine, mut setup: VerifierSetup) -> Node {
+    let secure = std::mem::take(&mut setup.secure);
     let verifier = build_verifier(engine, setup).await.expect("verifier");
-    let running = verifier.spawn(listeners("127.0.0.1").await).expect("spawn");
-    Node::ready(running).await
+    let listeners = listeners("127.0.0.1").await.with_security(secure.security);
+    let running = verifier.spawn(listeners).expect("spawn");
+    Node::ready(running, secure.client.as_ref()).await
 }
 
 /// The health status of the server at `url` ("" service), -1 when it does not answer.
@@ -242,9 +277,27 @@ pub async fn generate(
     url: &str,
     req: pb::GenerateRequest,
 ) -> Result<(Vec<u32>, String, pb::Finished), tonic::Status> {
-    let mut client = pb::generation_client::GenerationClient::connect(url.to_string())
+    generate_as(url, None, None, req).await
+}
+
+/// [`generate`] over `tls` (an `https://` URL) with `token` as the bearer token.
+pub async fn generate_as(
+    url: &str,
+    tls: Option<&ClientTls>,
+    token: Option<&str>,
+    req: pb::GenerateRequest,
+) -> Result<(Vec<u32>, String, pb::Finished), tonic::Status> {
+    let channel = tandem_serving::endpoint(url, tls)
+        .unwrap()
+        .connect()
         .await
-        .unwrap();
+        .map_err(|e| tonic::Status::unavailable(format!("{e:?}")))?;
+    let mut client = pb::generation_client::GenerationClient::new(channel);
+    let mut req = tonic::Request::new(req);
+    if let Some(token) = token {
+        let value = format!("Bearer {token}").parse().unwrap();
+        req.metadata_mut().insert("authorization", value);
+    }
     let mut stream = client.generate(req).await?.into_inner();
     let (mut ids, mut text) = (Vec::new(), String::new());
     while let Some(msg) = stream.message().await? {
