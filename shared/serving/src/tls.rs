@@ -69,7 +69,11 @@ impl ServerTlsFiles {
         }
         Server::builder()
             .tls_config(config.clone())
-            .map_err(|e| unusable("server TLS", &self.identity.cert, &e))?;
+            .map_err(|e| {
+                let pair = &self.identity;
+                let what = format!("server TLS (key {} of", pair.key.display());
+                unusable(&what, &pair.cert, &e)
+            })?;
         Ok(config)
     }
 }
@@ -94,7 +98,7 @@ impl ClientTlsFiles {
         }
         Endpoint::from_static("https://localhost")
             .tls_config(config.clone())
-            .map_err(|e| unusable("client TLS", &self.ca, &e))?;
+            .map_err(|e| unusable("client TLS (CA", &self.ca, &e))?;
         Ok(ClientTls {
             config,
             domain: self.domain.clone(),
@@ -160,7 +164,7 @@ fn certificates(path: &Path, what: &'static str) -> Result<Certificate, Security
 }
 
 fn unusable(what: &str, path: &Path, e: &dyn Error) -> SecurityError {
-    SecurityError::Invalid(format!("{what} from {}: {}", path.display(), chain(e)))
+    SecurityError::Invalid(format!("{what} {}): {}", path.display(), chain(e)))
 }
 
 /// An error and its causes, `: ` between them.
