@@ -5,9 +5,10 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Output, Stdio};
+use std::process::{Child, Output, Stdio};
 
 use common::{assert_one_line_error, command, stderr, tandem};
+use tandem_testkit::Pki;
 
 /// `tandem generate` of 12 tokens after "1, 2, 3," with `extra` flags: it must succeed and
 /// continue the count; returns the run for further checks.
@@ -31,10 +32,11 @@ fn generate_streams_greedy_text_and_speed() {
     assert!(err.contains("decode") && err.contains("tok/s"), "{err}");
 }
 
-#[test]
-fn up_serves_a_client_on_the_ports_it_prints_and_stops_on_sigterm() {
+/// Starts `tandem up` on ports the OS picks with `extra` flags; returns the process and
+/// the verifier address its banner prints.
+fn start_up(extra: &[&str]) -> (Child, String) {
     let any = "127.0.0.1:0";
-    let mut up = command(&[
+    let mut args = vec![
         "up",
         "--listen",
         any,
@@ -46,11 +48,13 @@ fn up_serves_a_client_on_the_ports_it_prints_and_stops_on_sigterm() {
         any,
         "--drafter",
         "random",
-    ])
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("start tandem up");
+    ];
+    args.extend_from_slice(extra);
+    let mut up = command(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tandem up");
     let mut lines = BufReader::new(up.stderr.take().expect("stderr")).lines();
     let banner = lines
         .by_ref()
@@ -66,6 +70,26 @@ fn up_serves_a_client_on_the_ports_it_prints_and_stops_on_sigterm() {
         !addr.ends_with(":0"),
         "the bound port, not the asked one: {banner}"
     );
+    (up, addr.to_string())
+}
+
+/// Stops `up` with SIGTERM; it must end cleanly.
+fn stop_up(mut up: Child) {
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &up.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(term.success());
+    let status = up.wait().expect("wait");
+    assert!(
+        status.success(),
+        "tandem up ends cleanly on SIGTERM: {status}"
+    );
+}
+
+#[test]
+fn up_serves_a_client_on_the_ports_it_prints_and_stops_on_sigterm() {
+    let (up, addr) = start_up(&[]);
     let url = format!("http://{addr}");
     let args = [
         "--server",
@@ -79,15 +103,95 @@ fn up_serves_a_client_on_the_ports_it_prints_and_stops_on_sigterm() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8(out.stdout).expect("utf-8");
     assert!(text.starts_with(" 4, 5,"), "{text:?}");
-    let term = std::process::Command::new("kill")
-        .args(["-TERM", &up.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(term.success());
-    let status = up.wait().expect("wait");
-    assert!(
-        status.success(),
-        "tandem up ends cleanly on SIGTERM: {status}"
+    stop_up(up);
+}
+
+#[test]
+fn up_with_tls_and_a_token_file_serves_only_clients_with_the_ca_and_a_token() {
+    let pki = Pki::new("cli-test");
+    let server = pki.leaf("verifier");
+    let tokens = pki.file("tokens", "# clients\nt0ken-for-the-cli-test\n");
+    let path = |p: &std::path::Path| p.to_str().expect("a UTF-8 path").to_string();
+    let (cert, key, tokens) = (path(&server.cert), path(&server.key), path(&tokens));
+    let flags = [
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--token-file",
+        &tokens,
+    ];
+    let (up, addr) = start_up(&flags);
+    let url = format!("https://{addr}");
+    let ca = path(&pki.ca);
+    let args = [
+        "generate",
+        "--server",
+        &url,
+        "--tls-ca",
+        &ca,
+        "--prompt",
+        "1, 2, 3,",
+        "--max-tokens",
+        "6",
+    ];
+    let secured = |token: Option<&str>| {
+        let mut cmd = command(&args);
+        cmd.env_remove("TANDEM_TOKEN");
+        if let Some(t) = token {
+            cmd.env("TANDEM_TOKEN", t);
+        }
+        cmd.output().expect("run tandem generate")
+    };
+    let out = secured(Some("t0ken-for-the-cli-test"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(text.starts_with(" 4, 5,"), "{text:?}");
+    assert_one_line_error(&secured(None), "missing bearer token");
+    assert_one_line_error(&secured(Some("wrong")), "invalid bearer token");
+    let plain = format!("http://{addr}");
+    let out = tandem(&[
+        "generate",
+        "--server",
+        &plain,
+        "--prompt",
+        "x",
+        "--max-tokens",
+        "1",
+    ]);
+    assert!(!out.status.success(), "plaintext to a TLS listener fails");
+    stop_up(up);
+}
+
+#[test]
+fn unusable_tls_files_are_one_clear_line_before_the_model_loads() {
+    assert_one_line_error(
+        &tandem(&[
+            "verifier",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            "/nonexistent/cert.pem",
+            "--tls-key",
+            "/nonexistent/key.pem",
+        ]),
+        "cannot read TLS certificate /nonexistent/cert.pem",
+    );
+    let pki = Pki::new("cli-test");
+    let garbage = pki.file("garbage.pem", "not PEM");
+    assert_one_line_error(
+        &tandem(&[
+            "verifier",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--drafter-tls-ca",
+            garbage.to_str().expect("a UTF-8 path"),
+        ]),
+        "holds no PEM certificate",
     );
 }
 
