@@ -2,7 +2,8 @@
 # Static checks of deploy/ (no cluster, no container engine, no running services):
 #   a) Prometheus: promtool check config / check rules / test rules
 #   b) Kubernetes: render the kustomize base and example overlay offline
-#      (scripts/deploy/render_kustomize.py) and validate every manifest against the
+#      (scripts/deploy/render_kustomize.py) and validate every manifest, and the example
+#      Secrets (overlays/*/secrets.example.yaml), against the
 #      Kubernetes $K8S_VERSION schemas (kubernetes-validate, strict); CRDs (the
 #      ServiceMonitor) are only parsed and checked for apiVersion/kind
 #   c) Grafana: every metric a panel or rule queries is a recording rule or an exported
@@ -96,6 +97,10 @@ for dir in deploy/k8s/base deploy/k8s/overlays/*/; do
   out="$WORK/$(echo "$dir" | tr / _).yaml"
   check "render $dir" "$PY" scripts/deploy/render_kustomize.py "$dir" --out "$out"
   [ -s "$out" ] && check "validate $dir against Kubernetes $K8S_VERSION" validate_rendered "$out"
+done
+# Example Secrets, kept out of the kustomizations (a re-apply would overwrite real keys).
+for f in deploy/k8s/overlays/*/secrets.example.yaml; do
+  [ -e "$f" ] && check "validate $f against Kubernetes $K8S_VERSION" validate_rendered "$f"
 done
 # Optional cross-check of the renderer against real kustomize, where kubectl exists.
 if command -v kubectl >/dev/null 2>&1 && kubectl kustomize --help >/dev/null 2>&1; then
