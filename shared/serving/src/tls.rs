@@ -67,13 +67,11 @@ impl ServerTlsFiles {
         if let Some(ca) = &self.client_ca {
             config = config.client_ca_root(certificates(ca, "client CA")?);
         }
-        Server::builder()
-            .tls_config(config.clone())
-            .map_err(|e| {
-                let pair = &self.identity;
-                let what = format!("server TLS (key {} of", pair.key.display());
-                unusable(&what, &pair.cert, &e)
-            })?;
+        Server::builder().tls_config(config.clone()).map_err(|e| {
+            let pair = &self.identity;
+            let what = format!("server TLS (key {} of", pair.key.display());
+            unusable(&what, &pair.cert, &e)
+        })?;
         Ok(config)
     }
 }
