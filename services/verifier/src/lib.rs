@@ -11,10 +11,12 @@ mod failover;
 mod metrics;
 mod pool;
 mod remote;
+mod request;
 mod server;
 mod service;
 
 pub use error::VerifierError;
 pub use pool::{Lookup, Resolve, Source, SystemResolver};
+pub use request::{generation_request, RequestDefaults, MAX_STOPS, MAX_STOP_BYTES};
 pub use server::{Verifier, VerifierBuilder, VerifierSettings};
 pub use tandem_serving::{Listeners, Running, Serve, ServeError};

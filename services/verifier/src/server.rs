@@ -21,6 +21,7 @@ use crate::error::VerifierError;
 use crate::metrics::VerifierMetrics;
 use crate::pool::{DrafterPool, PoolConfig, Resolve, SystemResolver};
 use crate::remote::SessionOptions;
+use crate::request::RequestDefaults;
 use crate::service::{GenerationService, ServiceParts, VerifierConfig};
 
 type Server = pb::generation_server::GenerationServer<GenerationService>;
@@ -189,12 +190,15 @@ impl VerifierBuilder {
             max_queued: s.max_queued,
         };
         let admission = Admission::new(limits, Arc::clone(&metrics));
-        let cfg = VerifierConfig {
+        let defaults = RequestDefaults {
             gamma: s.gamma,
             adaptive_gamma: s.adaptive_gamma,
             verification: s.verification,
             confidence_cuts: s.confidence_cuts,
             default_max_tokens: s.default_max_tokens,
+        };
+        let cfg = VerifierConfig {
+            defaults,
             target,
             slow_client_timeout: s.slow_client_timeout,
         };

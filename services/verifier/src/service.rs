@@ -8,9 +8,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tandem_core::{FinishReason, Proposer, Verification};
+use tandem_core::{FinishReason, Proposer};
 use tandem_engine::{drafting_gamma, Engine, GenerationRequest, Outcome, Plan, Update};
-use tandem_proto::codec::{sampling_from_pb, verification_from_pb};
 use tandem_proto::v1 as pb;
 use tandem_serving::{Drain, InFlight};
 use tokio::sync::mpsc;
@@ -23,28 +22,16 @@ use crate::deadline;
 use crate::error::VerifierError;
 use crate::metrics::{Refusal, VerifierMetrics};
 use crate::pool::DrafterPool;
+use crate::request::{generation_request, RequestDefaults};
 
 /// Chunks buffered per stream before the engine waits for the client.
 const STREAM_BUFFER: usize = 16;
-/// Most stop strings per request, and their longest length in bytes.
-const MAX_STOPS: usize = 16;
-const MAX_STOP_BYTES: usize = 256;
 
-/// Request defaults and limits.
+/// Request defaults and the target's identity.
 #[derive(Debug, Clone)]
 pub struct VerifierConfig {
-    /// Tokens drafted per round (capped per request by `max_gamma`).
-    pub gamma: usize,
-    /// Let each generation choose its rounds' draft lengths up to that γ
-    /// ([`tandem_core::GammaPolicy`]), plain rounds included when drafting does not pay.
-    pub adaptive_gamma: bool,
-    /// How sampled rounds verify drafts when a request does not say.
-    pub verification: Verification,
-    /// Whether adaptive generations cut blocks on calibrated confidences when a request
-    /// does not say.
-    pub confidence_cuts: bool,
-    /// `max_tokens` when a request gives none.
-    pub default_max_tokens: usize,
+    /// What requests get for the fields they leave unset.
+    pub defaults: RequestDefaults,
     /// The target's identity, reported by GetModelInfo.
     pub target: pb::TargetIdentity,
     /// Longest wait for a client to take a chunk before the generation is dropped.
@@ -186,9 +173,9 @@ impl Inner {
     /// Most tokens a round drafts through the pool: the server's γ within what the
     /// drafters agree on (0 without drafters).
     fn drafting_cap(&self) -> usize {
-        self.pool
-            .as_ref()
-            .map_or(0, |p| drafting_gamma(self.cfg.gamma, p.max_gamma()))
+        self.pool.as_ref().map_or(0, |p| {
+            drafting_gamma(self.cfg.defaults.gamma, p.max_gamma())
+        })
     }
 
     /// The request checked and planned once, with the pool when it drafts.
@@ -207,39 +194,7 @@ impl Inner {
     /// A wire request as the engine takes it, with this server's defaults; the checks that
     /// need the target are the plan's.
     fn request(&self, r: pb::GenerateRequest) -> Result<GenerationRequest, VerifierError> {
-        let invalid = |m: String| VerifierError::InvalidArgument(m);
-        let verification = verification_from_pb(r.verification(), self.cfg.verification);
-        let prompt = match r.prompt {
-            Some(pb::generate_request::Prompt::Text(t)) if !t.is_empty() => self
-                .engine
-                .tokenizer()
-                .encode(&t, true)
-                .map_err(|e| invalid(e.to_string()))?,
-            Some(pb::generate_request::Prompt::TokenIds(ids)) if !ids.ids.is_empty() => ids.ids,
-            _ => {
-                return Err(invalid(
-                    "the prompt is empty: give text or token_ids".into(),
-                ))
-            }
-        };
-        if r.stop.len() > MAX_STOPS || r.stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
-            return Err(invalid(format!(
-                "at most {MAX_STOPS} stop strings of {MAX_STOP_BYTES} bytes each"
-            )));
-        }
-        Ok(GenerationRequest {
-            prompt,
-            max_tokens: r
-                .max_tokens
-                .map_or(self.cfg.default_max_tokens, |m| m as usize),
-            sampling: sampling_from_pb(r.sampling.as_ref()),
-            stop_strings: r.stop,
-            ignore_eos: r.ignore_eos,
-            gamma: r.max_gamma.map_or(self.cfg.gamma, |g| g as usize),
-            adaptive_gamma: self.cfg.adaptive_gamma,
-            verification,
-            confidence_cuts: r.confidence_cuts.unwrap_or(self.cfg.confidence_cuts),
-        })
+        generation_request(r, &self.cfg.defaults, self.engine.tokenizer())
     }
 
     /// Runs one admitted generation, streaming to its client.
