@@ -82,6 +82,7 @@ impl Admission {
     pub async fn admit(&self, bytes: usize) -> Result<Permit, VerifierError> {
         let need = bytes.div_ceil(KIB).max(1);
         if need > self.kv_kib {
+            self.metrics.refused(Refusal::Invalid);
             return Err(VerifierError::ResourceExhausted(format!(
                 "the request needs {} MiB of KV cache, more than the server's budget of {} MiB; lower max_tokens",
                 need / KIB,

@@ -28,16 +28,25 @@ pub enum Refusal {
     Draining = 1,
     /// Its deadline passed while it waited.
     Deadline = 2,
+    /// It was malformed or out of range (INVALID_ARGUMENT), or could never fit the KV
+    /// budget.
+    Invalid = 3,
 }
 
 impl Refusal {
-    const ALL: [Self; 3] = [Self::QueueFull, Self::Draining, Self::Deadline];
+    const ALL: [Self; 4] = [
+        Self::QueueFull,
+        Self::Draining,
+        Self::Deadline,
+        Self::Invalid,
+    ];
 
     fn as_str(self) -> &'static str {
         match self {
             Self::QueueFull => "queue_full",
             Self::Draining => "draining",
             Self::Deadline => "deadline",
+            Self::Invalid => "invalid",
         }
     }
 }

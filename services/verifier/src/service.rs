@@ -178,15 +178,18 @@ impl Inner {
         })
     }
 
-    /// The request checked and planned once, with the pool when it drafts.
+    /// The request checked and planned once, with the pool when it drafts; a refusal is
+    /// counted by its error type.
     fn plan(
         &self,
         r: pb::GenerateRequest,
     ) -> Result<(Plan, Option<Arc<DrafterPool>>), VerifierError> {
         let speculative = r.speculative.unwrap_or(true);
-        let request = self.request(r)?;
         let cap = if speculative { self.drafting_cap() } else { 0 };
-        let plan = self.engine.plan(request, cap)?;
+        let plan = self
+            .request(r)
+            .and_then(|request| Ok(self.engine.plan(request, cap)?))
+            .inspect_err(|_| self.metrics.refused(Refusal::Invalid))?;
         let pool = self.pool.clone().filter(|_| plan.gamma() > 0);
         Ok((plan, pool))
     }
