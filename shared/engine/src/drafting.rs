@@ -124,8 +124,9 @@ impl Drafting {
 }
 
 /// A block the round can use: at most `gamma` in-vocabulary tokens, and when sampling, one
-/// normalised distribution per token that gives the token a positive probability.
-fn check_block(
+/// normalised distribution per token (every probability in `[0, 1]`) that gives the token a
+/// positive probability. Every block a proposer returns passes here before a round uses it.
+pub fn check_block(
     block: &DraftBlock,
     gamma: usize,
     vocab: usize,
@@ -159,6 +160,11 @@ fn check_block(
         ));
     }
     for (i, (t, q)) in block.tokens.iter().zip(&block.dists).enumerate() {
+        if let Some(p) = q.probs.iter().find(|p| !(0.0..=1.0).contains(*p)) {
+            return bad(format!(
+                "distribution {i} has probability {p} outside [0, 1]"
+            ));
+        }
         let total: f32 = q.probs.iter().sum();
         if q.ids.len() != q.probs.len() || (total - 1.0).abs() > DIST_TOLERANCE {
             return bad(format!(
@@ -280,5 +286,19 @@ mod tests {
             probs: vec![0.5],
         };
         assert!(check_block(&block(&[2], vec![half]), 2, 10, false).is_err());
+    }
+
+    #[test]
+    fn distributions_of_non_probabilities_are_refused() {
+        // NaN totals compare false against the tolerance, and 2 + (-1) totals 1: both
+        // passed the normalisation check before each probability was checked.
+        for probs in [vec![f32::NAN], vec![2.0, -1.0]] {
+            let q = SparseDist {
+                ids: (1..=probs.len() as u32).collect(),
+                probs,
+            };
+            let e = check_block(&block(&[1], vec![q]), 2, 10, false).expect_err("refused");
+            assert!(e.to_string().contains("outside [0, 1]"), "{e}");
+        }
     }
 }

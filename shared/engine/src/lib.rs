@@ -14,6 +14,7 @@ mod plan;
 mod request;
 mod stats;
 
+pub use drafting::check_block;
 pub use engine::{Engine, Outcome, Sink, Update};
 pub use error::{EngineError, Result};
 pub use load::{model_type, Placement, TargetFiles};
