@@ -9,5 +9,5 @@ mod service;
 
 pub use error::DrafterError;
 pub use server::Drafter;
-pub use service::DrafterConfig;
+pub use service::{propose_request, DrafterConfig};
 pub use tandem_serving::{Listeners, Running, Serve, ServeError};

@@ -294,18 +294,7 @@ fn propose(
     session: &mut dyn ProposerSession,
     p: &pb::Propose,
 ) -> Result<pb::Block, DrafterError> {
-    let req = ProposeRequest {
-        anchor: p.anchor,
-        position: p.position as usize,
-        gamma: p.gamma as usize,
-    };
-    if req.gamma == 0 || req.gamma > shared.proposer.max_gamma() {
-        return Err(DrafterError::Invalid(format!(
-            "γ must be in 1..={}, got {}",
-            shared.proposer.max_gamma(),
-            req.gamma
-        )));
-    }
+    let req = propose_request(p, shared.proposer.max_gamma())?;
     let t0 = Instant::now();
     let block = session.propose(&req)?;
     let secs = t0.elapsed().as_secs_f64();
@@ -314,6 +303,21 @@ fn propose(
     m.draft_tokens.increment(block.tokens.len() as u64);
     m.draft_seconds.record(secs);
     Ok(block_to_pb(&block, secs))
+}
+
+/// The proposal a Propose message asks for, once its γ is in `1..=max_gamma`.
+pub fn propose_request(p: &pb::Propose, max_gamma: usize) -> Result<ProposeRequest, DrafterError> {
+    let gamma = p.gamma as usize;
+    if gamma == 0 || gamma > max_gamma {
+        return Err(DrafterError::Invalid(format!(
+            "γ must be in 1..={max_gamma}, got {gamma}"
+        )));
+    }
+    Ok(ProposeRequest {
+        anchor: p.anchor,
+        position: p.position as usize,
+        gamma,
+    })
 }
 
 fn describe(t: Option<&TargetIdentity>) -> String {
