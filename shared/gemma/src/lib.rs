@@ -14,6 +14,7 @@ mod attention;
 mod error;
 mod gemma3;
 pub mod gemma4;
+mod gguf;
 mod launch;
 mod ledger;
 mod loader;
@@ -27,6 +28,7 @@ pub use gemma3::{
     ForwardOutput, Gemma3, Gemma3Model, GemmaConfig, KvCache, LoadOptions, LogitsMode, Precision,
     RestrictedHead, RopeScaling, SequenceCache, TargetHead,
 };
+pub use gguf::inspect_gguf;
 pub use launch::{argmax_rows, prepare_device, with_cached_layouts};
 pub use loader::verify_sha256;
 pub use tandem_kernels::TopRow;

@@ -2,7 +2,6 @@
 //! directories (f32 / f16 / bf16, sharded or not), behind one small trait the model
 //! builder asks for tensors by role.
 
-use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -13,9 +12,10 @@ use sha2::{Digest, Sha256};
 use tandem_kernels::{QMatrix, QType};
 
 use crate::error::{candle_message, GemmaError, Result};
-use crate::gemma3::gguf_config::config_from_gguf;
+use crate::gemma3::gguf_config::{config_from_gguf, Header};
 use crate::gemma3::names::Role;
 use crate::gemma3::GemmaConfig;
+use crate::gguf::{read_checked, tensor_extent};
 
 /// Where a model's tensors come from.
 pub(crate) trait TensorSource {
@@ -32,7 +32,7 @@ pub(crate) fn open(path: &Path) -> Result<(Box<dyn TensorSource>, GemmaConfig)> 
         Ok((Box::new(src), cfg))
     } else {
         let src = GgufSource::open(path)?;
-        let cfg = config_from_gguf(&src)?;
+        let cfg = src.config()?;
         Ok((Box::new(src), cfg))
     }
 }
@@ -81,12 +81,7 @@ impl GgufSource {
         // Buffered: the header holds the whole vocabulary (262k strings, scores and types),
         // which candle reads a field at a time: unbuffered, one system call each.
         let mut reader = std::io::BufReader::with_capacity(1 << 20, &file);
-        let content = gguf_file::Content::read(&mut reader).map_err(|e| {
-            GemmaError::format(
-                path,
-                format!("not a readable GGUF file: {}", candle_message(&e)),
-            )
-        })?;
+        let (content, _) = read_checked(&mut reader, path)?;
         // SAFETY: the file is opened read-only and the map lives as long as this source;
         // a model file being rewritten under a running process is outside our contract.
         let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| GemmaError::io(path, e))?;
@@ -97,20 +92,12 @@ impl GgufSource {
         })
     }
 
-    pub(crate) fn metadata(&self) -> &HashMap<String, gguf_file::Value> {
-        &self.content.metadata
-    }
-
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Rows of a tensor as stored (`dims[0]` in candle's row-major order).
-    pub(crate) fn dims(&self, name: &str) -> Option<Vec<usize>> {
-        self.content
-            .tensor_infos
-            .get(name)
-            .map(|t| t.shape.dims().to_vec())
+    /// The Gemma 3 config of the file's metadata.
+    pub(crate) fn config(&self) -> Result<GemmaConfig> {
+        config_from_gguf(&Header {
+            content: &self.content,
+            path: &self.path,
+        })
     }
 
     fn raw(&self, name: &str) -> Result<(QType, Vec<usize>, &[u8])> {
@@ -120,22 +107,9 @@ impl GgufSource {
             .get(name)
             .ok_or_else(|| GemmaError::MissingTensor(name.to_string()))?;
         let qtype = qtype_of(info.ggml_dtype, name)?;
-        let elems = info.shape.elem_count();
-        let block = info.ggml_dtype.block_size();
-        if elems % block != 0 {
-            return Err(GemmaError::format(
-                &self.path,
-                format!("tensor {name}: {elems} elements is not a whole number of blocks"),
-            ));
-        }
-        let len = elems / block * info.ggml_dtype.type_size();
-        let start = self.content.tensor_data_offset as usize + info.offset as usize;
-        let bytes = self.mmap.get(start..start + len).ok_or_else(|| {
-            GemmaError::format(
-                &self.path,
-                format!("tensor {name} runs past the end of the file (truncated?)"),
-            )
-        })?;
+        let extent = tensor_extent(&self.content, info, self.mmap.len() as u64)
+            .map_err(|e| GemmaError::format(&self.path, format!("tensor {name}: {e}")))?;
+        let bytes = &self.mmap[extent];
         Ok((qtype, info.shape.dims().to_vec(), bytes))
     }
 }

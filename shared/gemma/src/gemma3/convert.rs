@@ -8,7 +8,6 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 
 use super::config::GemmaConfig;
-use super::gguf_config::config_from_gguf;
 use super::names::{LayerTensor, Role};
 use crate::error::{GemmaError, Result};
 use crate::loader::{GgufSource, TensorSource};
@@ -63,7 +62,7 @@ pub fn hf_config_json(cfg: &GemmaConfig) -> String {
 /// Writes `gguf` as an HF directory `out_dir` (created if absent) with f32 weights.
 pub fn export_hf(gguf: &Path, out_dir: &Path) -> Result<()> {
     let src = GgufSource::open(gguf)?;
-    let cfg = config_from_gguf(&src)?;
+    let cfg = src.config()?;
     std::fs::create_dir_all(out_dir).map_err(|e| GemmaError::io(out_dir, e))?;
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     for role in roles(&cfg) {

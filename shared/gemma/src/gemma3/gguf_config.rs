@@ -3,24 +3,44 @@
 //! llama.cpp hard-codes what the file does not carry for `gemma3`: a 5:1 sliding pattern,
 //! a local RoPE base of 10 000 and an attention scale of `key_length^-0.5`; we do the same.
 
-use candle_core::quantized::gguf_file::Value;
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::{Content, Value};
 
 use super::config::{GemmaConfig, RopeScaling};
 use crate::error::{GemmaError, Result};
-use crate::loader::GgufSource;
+
+/// A GGUF header and the file it was read from (for errors).
+pub(crate) struct Header<'a> {
+    pub(crate) content: &'a Content,
+    pub(crate) path: &'a Path,
+}
+
+impl Header<'_> {
+    fn metadata(&self, key: &str) -> Option<&Value> {
+        self.content.metadata.get(key)
+    }
+
+    fn dims(&self, tensor: &str) -> Option<&[usize]> {
+        self.content
+            .tensor_infos
+            .get(tensor)
+            .map(|t| t.shape.dims())
+    }
+}
 
 struct Meta<'a> {
-    src: &'a GgufSource,
+    src: &'a Header<'a>,
     arch: String,
 }
 
 impl Meta<'_> {
     fn get(&self, key: &str) -> Option<&Value> {
-        self.src.metadata().get(&format!("{}.{key}", self.arch))
+        self.src.metadata(&format!("{}.{key}", self.arch))
     }
 
     fn err(&self, reason: String) -> GemmaError {
-        GemmaError::format(self.src.path(), reason)
+        GemmaError::format(self.src.path, reason)
     }
 
     fn usize(&self, key: &str) -> Result<usize> {
@@ -62,19 +82,19 @@ fn value_f64(v: &Value) -> Option<f64> {
 }
 
 /// Builds and validates the config of a Gemma 3 GGUF file.
-pub(crate) fn config_from_gguf(src: &GgufSource) -> Result<GemmaConfig> {
-    let arch = match src.metadata().get("general.architecture") {
+pub(crate) fn config_from_gguf(src: &Header<'_>) -> Result<GemmaConfig> {
+    let arch = match src.metadata("general.architecture") {
         Some(Value::String(s)) => s.clone(),
         _ => {
             return Err(GemmaError::format(
-                src.path(),
+                src.path,
                 "metadata general.architecture is missing",
             ))
         }
     };
     if arch != "gemma3" {
         return Err(GemmaError::format(
-            src.path(),
+            src.path,
             format!("architecture {arch:?} is not supported (expected \"gemma3\")"),
         ));
     }
@@ -93,8 +113,7 @@ pub(crate) fn config_from_gguf(src: &GgufSource) -> Result<GemmaConfig> {
         _ => None,
     };
     let meta_u32 = |key: &str, default: u32| {
-        src.metadata()
-            .get(key)
+        src.metadata(key)
             .and_then(value_usize)
             .map_or(default, |x| x as u32)
     };
@@ -123,6 +142,6 @@ pub(crate) fn config_from_gguf(src: &GgufSource) -> Result<GemmaConfig> {
         eos_token_id: vec![meta_u32("tokenizer.ggml.eos_token_id", 1)],
     };
     cfg.validate()
-        .map_err(|e| GemmaError::format(src.path(), e.to_string()))?;
+        .map_err(|e| GemmaError::format(src.path, e.to_string()))?;
     Ok(cfg)
 }
