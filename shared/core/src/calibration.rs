@@ -54,6 +54,32 @@ pub enum PositionMap {
 }
 
 impl PositionMap {
+    /// Checks a map read from a file: a finite temperature above 0, or as many knots `x` as
+    /// `y`, all finite, `x` non-decreasing and `y` in `[0, 1]`.
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            Self::Temperature { temperature }
+                if !(*temperature > 0.0 && temperature.is_finite()) =>
+            {
+                Err(format!(
+                    "temperature {temperature} is not a finite value above 0"
+                ))
+            }
+            Self::Isotonic { x, y } if x.len() != y.len() => {
+                Err(format!("{} knots x for {} values y", x.len(), y.len()))
+            }
+            Self::Isotonic { x, y }
+                if x.iter().any(|v| !v.is_finite()) || x.windows(2).any(|w| w[0] > w[1]) =>
+            {
+                Err("knots x are not finite and non-decreasing".into())
+            }
+            Self::Isotonic { y, .. } if y.iter().any(|v| !(0.0..=1.0).contains(v)) => {
+                Err("values y are not all in [0, 1]".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The calibrated confidence of raw confidence `c`.
     pub fn apply(&self, c: f32) -> f32 {
         let c = c as f64;
@@ -102,7 +128,8 @@ pub struct Calibration {
 }
 
 impl Calibration {
-    /// Reads a saved calibration; the error says what is wrong, e.g. another version.
+    /// Reads a saved calibration; the error says what is wrong, e.g. another version or a
+    /// map that is not one ([`PositionMap::check`]).
     pub fn from_json(text: &str) -> Result<Self, String> {
         let c: Calibration = serde_json::from_str(text).map_err(|e| e.to_string())?;
         if c.version != CALIBRATION_VERSION {
@@ -110,6 +137,17 @@ impl Calibration {
                 "calibration v{} is not v{CALIBRATION_VERSION}: run tandem calibrate again",
                 c.version
             ));
+        }
+        for (r, s) in c
+            .regimes
+            .iter()
+            .flat_map(|r| r.sources.iter().map(move |s| (r, s)))
+        {
+            for (i, p) in s.positions.iter().enumerate() {
+                p.map.check().map_err(|e| {
+                    format!("{} map {i} at temperature {}: {e}", s.source, r.temperature)
+                })?;
+            }
         }
         Ok(c)
     }
@@ -300,6 +338,9 @@ fn interpolate(x: &[f64], y: &[f64], c: f64) -> f64 {
     let (Some(first), Some(last)) = (x.first(), x.last()) else {
         return c;
     };
+    if c.is_nan() {
+        return c;
+    }
     if c <= *first {
         return y[0];
     }

@@ -165,3 +165,49 @@ fn thin_positions_share_the_map_before_them() {
     let none = fit_source(DraftSource::Lookup, &[rounds(3, 9, truth)]);
     assert!(none.positions.is_empty());
 }
+
+#[test]
+fn files_whose_maps_are_not_maps_are_refused() {
+    let file = |map: PositionMap| {
+        let cal = Calibration {
+            version: CALIBRATION_VERSION,
+            regimes: vec![Regime {
+                temperature: 0.0,
+                sources: vec![SourceFit {
+                    source: "model".into(),
+                    positions: vec![PositionFit {
+                        map,
+                        observations: 40,
+                    }],
+                }],
+            }],
+        };
+        serde_json::to_string(&cal).expect("json")
+    };
+    let iso = |x: Vec<f64>, y: Vec<f64>| PositionMap::Isotonic { x, y };
+    // Knots without values indexed past y's end in `interpolate`; the others are no maps.
+    for (map, needle) in [
+        (iso(vec![0.2, 0.5], vec![]), "knots"),
+        (iso(vec![0.5, 0.2], vec![0.1, 0.2]), "non-decreasing"),
+        (iso(vec![0.2, 0.5], vec![0.1, 1.5]), "[0, 1]"),
+        (PositionMap::Temperature { temperature: 0.0 }, "above 0"),
+        (PositionMap::Temperature { temperature: -1.0 }, "above 0"),
+    ] {
+        let e = Calibration::from_json(&file(map)).expect_err("refused");
+        assert!(e.contains(needle), "{e}");
+    }
+    let good = iso(vec![0.2, 0.5], vec![0.1, 0.4]);
+    assert!(Calibration::from_json(&file(good)).is_ok());
+}
+
+#[test]
+fn a_nan_confidence_passes_through_an_isotonic_map() {
+    // NaN compares false against every knot, so the search found index 0 and the
+    // interpolation read the knot before it.
+    let map = PositionMap::Isotonic {
+        x: vec![0.2, 0.5],
+        y: vec![0.1, 0.4],
+    };
+    assert!(map.apply(f32::NAN).is_nan());
+    assert!((map.apply(0.35) - 0.25).abs() < 1e-6);
+}
