@@ -73,9 +73,81 @@ struct Index {
     weight_map: BTreeMap<String, String>,
 }
 
+impl Manifest {
+    /// The manifest in `text` (read from `path`), of this kind, variant and version.
+    fn parse(text: &str, path: &Path) -> Result<Self> {
+        let m: Self =
+            serde_json::from_str(text).map_err(|e| DsparkError::checkpoint(path, e.to_string()))?;
+        if (m.kind.as_str(), m.variant.as_str(), m.version) != (KIND, VARIANT, VERSION) {
+            return Err(DsparkError::checkpoint(
+                path,
+                format!(
+                    "is {} / {} v{}, expected {KIND} / {VARIANT} v{VERSION}",
+                    m.kind, m.variant, m.version
+                ),
+            ));
+        }
+        Ok(m)
+    }
+
+    /// The draft vocabulary, once the manifest's target dims are `dims` and its config
+    /// valid for them.
+    fn check(&self, dims: &TargetDims, path: &Path) -> Result<DraftVocab> {
+        if *dims != self.dims {
+            return Err(DsparkError::checkpoint(
+                path,
+                format!(
+                    "target dims {:?} differ from the head's {dims:?}",
+                    self.dims
+                ),
+            ));
+        }
+        self.config.validate(dims)?;
+        DraftVocab::new(self.config.draft_vocab.as_deref(), dims.vocab)
+    }
+}
+
+/// Parses a manifest ([`MANIFEST`]) and checks it as loading does against a target of
+/// `dims`: kind and version, the dims it was made for, its config and draft vocabulary.
+pub fn check_manifest(text: &str, dims: &TargetDims) -> Result<DsparkConfig> {
+    let path = Path::new(MANIFEST);
+    let m = Manifest::parse(text, path)?;
+    m.check(dims, path)?;
+    Ok(m.config)
+}
+
+/// The shard files an index (`model.safetensors.index.json`) names, sorted and once each;
+/// every one must be a plain file name (no folder, no `..`), so an index cannot point
+/// outside the drafter's folder.
+pub fn index_shards(text: &str) -> Result<Vec<String>> {
+    let idx: Index = serde_json::from_str(text).map_err(|e| DsparkError::Config(e.to_string()))?;
+    let mut files: Vec<String> = idx.weight_map.into_values().collect();
+    files.sort();
+    files.dedup();
+    if let Some(f) = files.iter().find(|f| !is_plain_file_name(f)) {
+        return Err(DsparkError::Config(format!(
+            "shard {f:?} is not a file name in the drafter's folder"
+        )));
+    }
+    Ok(files)
+}
+
+/// One normal path component: no separator, root, `.` or `..`.
+fn is_plain_file_name(name: &str) -> bool {
+    let mut parts = Path::new(name).components();
+    matches!(
+        (parts.next(), parts.next()),
+        (Some(std::path::Component::Normal(_)), None)
+    ) && !name.contains('/')
+}
+
+fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| DsparkError::io(path, e))
+}
+
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let text = std::fs::read_to_string(path).map_err(|e| DsparkError::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| DsparkError::checkpoint(path, e.to_string()))
+    serde_json::from_str(&read_text(path)?)
+        .map_err(|e| DsparkError::checkpoint(path, e.to_string()))
 }
 
 fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
@@ -152,16 +224,7 @@ impl Dspark {
     /// [`DsparkError::TargetMismatch`] when it was made for another target.
     pub fn load(dir: &Path, head: &TargetHead) -> Result<Self> {
         let path = dir.join(MANIFEST);
-        let m: Manifest = read_json(&path)?;
-        if (m.kind.as_str(), m.variant.as_str(), m.version) != (KIND, VARIANT, VERSION) {
-            return Err(DsparkError::checkpoint(
-                &path,
-                format!(
-                    "is {} / {} v{}, expected {KIND} / {VARIANT} v{VERSION}",
-                    m.kind, m.variant, m.version
-                ),
-            ));
-        }
+        let m = Manifest::parse(&read_text(&path)?, &path)?;
         let found = head.identity()?;
         if found != m.target {
             return Err(DsparkError::TargetMismatch {
@@ -170,14 +233,7 @@ impl Dspark {
             });
         }
         let dims = TargetDims::of(head);
-        if dims != m.dims {
-            return Err(DsparkError::checkpoint(
-                &path,
-                format!("target dims {:?} differ from the head's {dims:?}", m.dims),
-            ));
-        }
-        m.config.validate(&dims)?;
-        let vocab = DraftVocab::new(m.config.draft_vocab.as_deref(), dims.vocab)?;
+        let vocab = m.check(&dims, &path)?;
         let tensors = Self::read_tensors(dir)?;
         let params = Params::from_tensors(&m.config, &dims, vocab.len(), tensors)
             .map_err(|e| DsparkError::checkpoint(dir, e.to_string()))?;
@@ -193,13 +249,8 @@ impl Dspark {
     fn read_tensors(dir: &Path) -> Result<HashMap<String, Tensor>> {
         let index = dir.join(INDEX);
         let files: Vec<String> = match index.is_file() {
-            true => {
-                let idx: Index = read_json(&index)?;
-                let mut f: Vec<String> = idx.weight_map.into_values().collect();
-                f.sort();
-                f.dedup();
-                f
-            }
+            true => index_shards(&read_text(&index)?)
+                .map_err(|e| DsparkError::checkpoint(&index, e.to_string()))?,
             false => vec![SINGLE.to_string()],
         };
         let mut all = HashMap::new();
@@ -223,6 +274,15 @@ pub fn load_calibration(dir: &Path) -> Result<Option<Calibration>> {
     let Some(r) = m.calibration else {
         return Ok(None);
     };
+    if !is_plain_file_name(&r.file) {
+        return Err(DsparkError::checkpoint(
+            dir.join(MANIFEST),
+            format!(
+                "calibration {:?} is not a file name in the drafter's folder",
+                r.file
+            ),
+        ));
+    }
     let path = dir.join(&r.file);
     if r.version != CALIBRATION_VERSION {
         return Err(DsparkError::checkpoint(

@@ -27,7 +27,10 @@ mod params;
 mod proposer;
 mod train;
 
-pub use checkpoint::{attach_calibration, load_calibration, SaveOptions, CALIBRATION, MANIFEST};
+pub use checkpoint::{
+    attach_calibration, check_manifest, index_shards, load_calibration, SaveOptions, CALIBRATION,
+    MANIFEST,
+};
 pub use config::{DraftVocab, DsparkConfig, TargetDims};
 pub use device::{DeviceContext, DeviceDrafter};
 pub use draft::{ContextCache, DraftRequest, Drafter, ScoredBlock};

@@ -5,7 +5,10 @@ mod common;
 
 use common::*;
 use tandem_core::{Sampler, SamplingParams};
-use tandem_dspark::{DraftRequest, Dspark, DsparkConfig, DsparkError, SaveOptions, MANIFEST};
+use tandem_dspark::{
+    check_manifest, index_shards, load_calibration, DraftRequest, Dspark, DsparkConfig,
+    DsparkError, SaveOptions, TargetDims, MANIFEST,
+};
 use tandem_testkit::Lcg;
 
 fn drafted(model: &Dspark, head: &tandem_gemma::TargetHead) -> Vec<u32> {
@@ -102,6 +105,40 @@ fn another_targets_drafter_is_rejected() {
         model.drafter(&other),
         Err(DsparkError::TargetMismatch { .. })
     ));
+}
+
+#[test]
+fn an_index_or_manifest_cannot_name_files_outside_the_folder() {
+    let index =
+        |shard: &str| format!(r#"{{"weight_map": {{"W_c": "{shard}", "x": "b.safetensors"}}}}"#);
+    assert_eq!(
+        index_shards(&index("a.safetensors")).expect("plain names"),
+        vec!["a.safetensors", "b.safetensors"]
+    );
+    for shard in [
+        "../secret",
+        "/etc/passwd",
+        "sub/a.safetensors",
+        "..",
+        ".",
+        "",
+    ] {
+        let e = index_shards(&index(shard)).expect_err("refused");
+        assert!(e.to_string().contains("not a file name"), "{shard}: {e}");
+    }
+    let head = tiny_head(1);
+    let model = Dspark::init(tiny_config(), &head, 1).expect("init");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    model.save(tmp.path()).expect("save");
+    let path = tmp.path().join(MANIFEST);
+    let text = std::fs::read_to_string(&path).expect("manifest");
+    let dims = TargetDims::of(&head);
+    assert_eq!(check_manifest(&text, &dims).expect("valid"), tiny_config());
+    let mut m: serde_json::Value = serde_json::from_str(&text).expect("json");
+    m["calibration"] = serde_json::json!({"file": "../calibration.json", "version": 1});
+    std::fs::write(&path, m.to_string()).expect("write");
+    let e = load_calibration(tmp.path()).expect_err("refused");
+    assert!(e.to_string().contains("not a file name"), "{e}");
 }
 
 #[test]
