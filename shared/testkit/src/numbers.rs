@@ -21,6 +21,12 @@ impl Lcg {
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
+    /// The next 32 random bits (the state's top half), for choices and bytes.
+    pub fn bits32(&mut self) -> u32 {
+        self.next();
+        (self.0 >> 32) as u32
+    }
+
     /// The next `n` numbers.
     pub fn vec(&mut self, n: usize) -> Vec<f32> {
         (0..n).map(|_| self.next()).collect()
