@@ -115,7 +115,10 @@ async fn the_verifier_refuses_bad_requests_and_goes_on() {
         refused(&v.url, req, Code::InvalidArgument, needle).await;
     }
     let m = scrape(v.metrics).await;
-    assert_eq!(m["tandem_refused_requests_total{reason=\"invalid\"}"], count);
+    assert_eq!(
+        m["tandem_refused_requests_total{reason=\"invalid\"}"],
+        count
+    );
     let (tokens, _, _) = generate(&v.url, ok).await.expect("still serving");
     assert_eq!(tokens.len(), 4);
 }

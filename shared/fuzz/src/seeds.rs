@@ -128,6 +128,7 @@ pub fn draft_responses() -> Vec<Vec<u8>> {
         max_gamma: 8,
         kind: "dspark".into(),
         snapshot: spec_to_pb(&SnapshotSpec::taps(&TAPS, HIDDEN)),
+        max_message_bytes: 4 << 20,
     };
     let block = |b: &DraftBlock| pb::DraftResponse {
         msg: Some(pb::draft_response::Msg::Block(block_to_pb(b, 0.001))),

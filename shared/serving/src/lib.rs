@@ -517,6 +517,7 @@ mod tests {
         Listeners::bind(grpc, any)
             .await
             .expect("the address is free again");
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_tls_server_answers_health_over_tls_and_on_its_plaintext_probe() {
