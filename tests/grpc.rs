@@ -122,13 +122,6 @@ async fn remote_speculation_equals_local_and_plain_with_metrics_that_add_up() {
     assert!(m1["tandem_drafter_snapshot_bytes_total"] > 0.0);
 }
 
-async fn generate_owned(
-    url: String,
-    req: pb::GenerateRequest,
-) -> Result<(Vec<u32>, String, pb::Finished), tonic::Status> {
-    generate(&url, req).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cancelled_client_frees_its_session_on_both_sides() {
     let d = start_drafter().await;

@@ -1,7 +1,7 @@
 //! What the services do when things go wrong, over real sockets with the real Gemma 3 270M:
 //! a prompt whose context rows exceed gRPC's default message limit reaches the drafter in
 //! chunks and speculation still accepts; deadlines end queued and running generations; a
-//! client that stops reading is dropped and its slot freed; a draining verifier finishes
+//! full queue refuses at once; a client that stops reading is dropped and its slot freed; a draining verifier finishes
 //! what it runs and refuses the rest; an idle drafting session is closed.
 #![allow(clippy::unwrap_used)]
 
@@ -125,6 +125,39 @@ async fn deadlines_end_queued_and_running_generations() {
     let m = scrape(v.metrics).await;
     assert_eq!(m["tandem_refused_requests_total{reason=\"deadline\"}"], 1.0);
     assert_eq!(m["tandem_dropped_requests_total{reason=\"deadline\"}"], 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_queue_refuses_at_once_and_serves_again_once_it_drains() {
+    let v = start_verifier(VerifierSetup {
+        max_concurrent: 1,
+        max_queued: Some(1),
+        ..Default::default()
+    })
+    .await;
+    let mut client = pb::generation_client::GenerationClient::connect(v.url.clone())
+        .await
+        .unwrap();
+    let mut running = client
+        .generate(request("Once upon a time,", 3000, false))
+        .await
+        .unwrap()
+        .into_inner();
+    running.message().await.unwrap().expect("a first chunk");
+    let waiting = tokio::spawn(generate_owned(v.url.clone(), request("Hello", 4, false)));
+    until(&v, |m| m["tandem_queued_requests"] == 1.0).await;
+    let refused = client.generate(request("Hi", 4, false)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("busy"), "{refused:?}");
+    drop(running);
+    let (ids, _, _) = waiting.await.unwrap().expect("the queued request runs");
+    assert_eq!(ids.len(), 4);
+    let m = scrape(v.metrics).await;
+    assert_eq!(
+        m["tandem_refused_requests_total{reason=\"queue_full\"}"],
+        1.0
+    );
+    assert_eq!(m["tandem_queued_requests"], 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

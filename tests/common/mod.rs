@@ -175,6 +175,8 @@ pub struct VerifierSetup {
     pub slow_client: Option<Duration>,
     /// Longest prompt + generation (default: the model's).
     pub max_context: Option<usize>,
+    /// Requests that may wait for admission (default: the server's).
+    pub max_queued: Option<usize>,
     /// The verifier's TLS to its drafters.
     pub drafter_tls: Option<ClientTls>,
     /// The verifier's own listener.
@@ -191,6 +193,7 @@ impl Default for VerifierSetup {
             resolver: None,
             slow_client: None,
             max_context: None,
+            max_queued: None,
             drafter_tls: None,
             secure: Secure::default(),
         }
@@ -220,6 +223,7 @@ pub async fn build_verifier(
     };
     let settings = VerifierSettings {
         slow_client_timeout: setup.slow_client.unwrap_or(settings.slow_client_timeout),
+        max_queued: setup.max_queued.unwrap_or(settings.max_queued),
         ..settings
     };
     let mut builder = Verifier::builder(engine, settings);
@@ -310,4 +314,12 @@ pub async fn generate_as(
     Err(tonic::Status::internal(
         "stream ended without a finish message",
     ))
+}
+
+/// [`generate`] with an owned URL, for `tokio::spawn`.
+pub async fn generate_owned(
+    url: String,
+    req: pb::GenerateRequest,
+) -> Result<(Vec<u32>, String, pb::Finished), tonic::Status> {
+    generate(&url, req).await
 }
