@@ -1,6 +1,8 @@
 //! Request deadlines: gRPC clients send theirs as the `grpc-timeout` header (an integer of
 //! at most 8 digits and a unit: H, M, S, m, u, n). The verifier stops waiting in the queue,
-//! and stops generating, once it passes.
+//! and stops generating, a little before it passes ([`answer_within`]), so its
+//! DEADLINE_EXCEEDED reaches the client in time and comes before tonic's own timer, which
+//! ends a handler still waiting at the deadline with CANCELLED.
 
 use std::time::Duration;
 
@@ -17,6 +19,13 @@ pub fn timeout(metadata: &MetadataMap) -> Result<Option<Duration>, VerifierError
     parse(text).map(Some).ok_or_else(|| {
         VerifierError::InvalidArgument(format!("malformed grpc-timeout header {text:?}"))
     })
+}
+
+/// How long the server has to answer a request with `timeout`: a tenth less (at least
+/// 10 ms, at most 250 ms less).
+pub fn answer_within(timeout: Duration) -> Duration {
+    let margin = (timeout / 10).clamp(Duration::from_millis(10), Duration::from_millis(250));
+    timeout.saturating_sub(margin)
 }
 
 fn parse(s: &str) -> Option<Duration> {
@@ -56,6 +65,15 @@ mod tests {
         for bad in ["", "S", "123456789S", "1x", "-1S", "1.5S", "１S"] {
             assert_eq!(parse(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_server_answers_a_little_before_the_deadline() {
+        let ms = Duration::from_millis;
+        assert_eq!(answer_within(ms(200)), ms(180));
+        assert_eq!(answer_within(ms(50)), ms(40));
+        assert_eq!(answer_within(ms(5)), ms(0));
+        assert_eq!(answer_within(ms(10_000)), ms(9_750));
     }
 
     #[test]

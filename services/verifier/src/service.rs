@@ -103,7 +103,8 @@ impl pb::generation_server::Generation for GenerationService {
     ) -> Result<Response<GenerateStream>, Status> {
         let started = Instant::now();
         let inner = Arc::clone(&self.inner);
-        let deadline = deadline::timeout(request.metadata())?.map(|t| started + t);
+        let deadline =
+            deadline::timeout(request.metadata())?.map(|t| started + deadline::answer_within(t));
         let in_flight = inner.enter()?;
         let (plan, proposer) = inner.plan(request.into_inner()).inspect_err(|e| {
             tracing::debug!("refused: {e}");
