@@ -35,6 +35,18 @@ fn long_prompt(len: usize) -> Vec<u32> {
     ids
 }
 
+/// Reads `stream` to its end, which must be an error status before any finish message
+/// (the generations here cannot finish in time).
+async fn error_end(stream: &mut tonic::Streaming<pb::GenerateResponse>) -> tonic::Status {
+    loop {
+        match stream.message().await {
+            Ok(Some(m)) => assert!(m.finished.is_none(), "the generation finished"),
+            Ok(None) => panic!("the stream ended without a status"),
+            Err(s) => return s,
+        }
+    }
+}
+
 /// Polls `node`'s metrics until `done` holds (up to 20 s).
 async fn until(node: &Node, done: impl Fn(&std::collections::BTreeMap<String, f64>) -> bool) {
     for _ in 0..400 {
@@ -120,13 +132,7 @@ async fn deadlines_end_queued_and_running_generations() {
         m["tandem_refused_requests_total{reason=\"deadline\"}"] == 1.0
     })
     .await;
-    let end = loop {
-        match stream.message().await {
-            Ok(Some(m)) => assert!(m.finished.is_none(), "3000 tokens cannot finish in time"),
-            Ok(None) => panic!("the stream ended without a status"),
-            Err(s) => break s,
-        }
-    };
+    let end = error_end(&mut stream).await;
     assert_eq!(end.code(), Code::DeadlineExceeded, "{end:?}");
     until(&v, |m| {
         m["tandem_active_sessions"] == 0.0 && m["tandem_kv_cache_usage_ratio"] == 0.0
@@ -199,13 +205,7 @@ async fn a_client_that_stops_reading_is_dropped_and_frees_its_slot() {
         m["tandem_active_sessions"] == 0.0 && m["tandem_kv_cache_usage_ratio"] == 0.0
     })
     .await;
-    let end = loop {
-        match stream.message().await {
-            Ok(Some(m)) => assert!(m.finished.is_none()),
-            Ok(None) => panic!("the stream ended without a status"),
-            Err(s) => break s,
-        }
-    };
+    let end = error_end(&mut stream).await;
     assert_eq!(end.code(), Code::Aborted, "{end:?}");
     let (ids, _, _) = generate(&v.url, request("Hello", 4, false)).await.unwrap();
     assert_eq!(ids.len(), 4, "the next client is served");

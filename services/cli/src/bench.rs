@@ -105,6 +105,15 @@ struct TargetReport {
     blocks: Vec<BlockCost>,
 }
 
+/// Writes `report` as pretty JSON to `path`, making its folder when missing.
+pub(crate) fn write_json(path: &std::path::Path, report: &impl Serialize) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, serde_json::to_string_pretty(report)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -169,11 +178,7 @@ fn target(a: TargetArgs) -> Result<()> {
     };
     print_report(&report);
     if let Some(path) = &a.json {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
-        }
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+        write_json(path, &report)?;
     }
     Ok(())
 }

@@ -155,11 +155,7 @@ pub fn run(a: SoakArgs) -> Result<()> {
     let report = serve::runtime()?.block_on(soak(&a, prompts))?;
     print_report(&report);
     if let Some(path) = &a.json {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
-        }
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+        crate::bench::write_json(path, &report)?;
     }
     if !report.failures.is_empty() {
         bail!("the soak failed: {}", report.failures.join("; "));

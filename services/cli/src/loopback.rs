@@ -123,7 +123,7 @@ async fn start_drafter(
     metrics: SocketAddr,
 ) -> Result<Running> {
     let drain = VerifierSettings::default().drain_grace;
-    let server = serve::drafter_server(drafter, models, &DrafterOptions::default(), drain)?;
+    let server = serve::drafter_server(drafter, models, &DrafterOptions::from_env()?, drain)?;
     let running = server
         .spawn(serve::listen(grpc, metrics).await?)
         .map_err(|e| anyhow!("{e}"))?;

@@ -228,17 +228,16 @@ impl DrafterTlsArgs {
     }
 }
 
-impl Default for DrafterOptions {
-    /// The flags' defaults (and the environment's values), as `tandem drafter` reads them.
-    fn default() -> Self {
+impl DrafterOptions {
+    /// The flags' defaults (and the environment's values), as `tandem drafter` reads them;
+    /// a malformed `TANDEM_*` variable is an error, not a panic.
+    pub(crate) fn from_env() -> Result<Self> {
         use clap::FromArgMatches;
         let cmd = <Self as Args>::augment_args(clap::Command::new("drafter"));
-        Self::from_arg_matches(&cmd.get_matches_from(["drafter"]))
-            .expect("the drafter flags' defaults parse")
+        let matches = cmd.try_get_matches_from(["drafter"])?;
+        Ok(Self::from_arg_matches(&matches)?)
     }
-}
 
-impl DrafterOptions {
     /// The drafter's configuration for `target`, of `kind`, draining for `drain`.
     fn config(
         &self,

@@ -262,7 +262,7 @@ impl Clients {
         }
         let mut req = tonic::Request::new(req);
         if kind >= 4 {
-            let soon = "soon".parse().expect("ascii metadata");
+            let soon = tonic::metadata::MetadataValue::from_static("soon");
             req.metadata_mut().insert("grpc-timeout", soon);
         }
         match read_all(client, req).await {
