@@ -2,6 +2,7 @@
 //! an `https://` URL, a bearer token when the verifier wants one), its text streamed to
 //! stdout and its statistics to stderr.
 
+use crate::controls::ControlArgs;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -98,6 +99,8 @@ pub struct RemoteRequest {
     pub verification: Option<Verification>,
     /// Confidence cuts on or off (unset: the server's default).
     pub confidence_cuts: Option<bool>,
+    /// Penalties, min-p, min_tokens and stop token ids.
+    pub controls: ControlArgs,
 }
 
 /// Streams a generation from the verifier at `url`, reached as `access` says.
@@ -107,7 +110,7 @@ pub fn generate(url: &str, access: &ServerAccess, r: &RemoteRequest) -> Result<p
         .build()?;
     rt.block_on(async {
         let mut client = access.connect(url).await?;
-        let req = pb::GenerateRequest {
+        let mut req = pb::GenerateRequest {
             prompt: Some(pb::generate_request::Prompt::Text(r.prompt.clone())),
             sampling: Some(sampling_to_pb(&r.sampling)),
             max_tokens: Some(r.max_tokens as u32),
@@ -119,7 +122,9 @@ pub fn generate(url: &str, access: &ServerAccess, r: &RemoteRequest) -> Result<p
                 .verification
                 .map_or(pb::Verification::Unspecified, Into::into) as i32,
             confidence_cuts: r.confidence_cuts,
+            ..pb::GenerateRequest::default()
         };
+        r.controls.apply_pb(&mut req);
         let mut stream = client
             .generate(req)
             .await

@@ -1,6 +1,7 @@
 //! `tandem generate`: one generation streamed to stdout, plain or speculative (in process,
 //! with a DSpark drafter), through the engine's shared request handling.
 
+use crate::controls::ControlArgs;
 use std::io::Write;
 use std::ops::ControlFlow;
 
@@ -63,6 +64,8 @@ pub struct GenerateArgs {
     #[arg(long)]
     server: Option<String>,
     #[command(flatten)]
+    controls: ControlArgs,
+    #[command(flatten)]
     access: client::ServerAccess,
     #[command(flatten)]
     drafter: DrafterArgs,
@@ -75,7 +78,7 @@ impl GenerateArgs {
         if self.max_tokens == 0 {
             anyhow::bail!("--max-tokens must be at least 1");
         }
-        let req = GenerationRequest {
+        let mut req = GenerationRequest {
             prompt: engine.tokenizer().encode(&self.prompt, true)?,
             max_tokens: self.max_tokens,
             sampling: SamplingParams {
@@ -90,7 +93,9 @@ impl GenerateArgs {
             adaptive_gamma: self.adaptive_gamma,
             verification: self.verification.unwrap_or_default(),
             confidence_cuts: !self.no_confidence_cuts,
+            ..GenerationRequest::default()
         };
+        self.controls.apply(&mut req);
         if self.speculative && self.gamma == 0 {
             anyhow::bail!("--gamma must be at least 1");
         }
@@ -173,6 +178,7 @@ fn run_remote(url: &str, args: &GenerateArgs) -> Result<()> {
         gamma: args.gamma,
         verification: args.verification,
         confidence_cuts: args.no_confidence_cuts.then_some(false),
+        controls: args.controls.clone(),
     };
     let finished = client::generate(url, &args.access, &req)?;
     eprintln!("\n[{}]", client::summary(&finished));

@@ -8,6 +8,7 @@ mod bench_spec;
 mod calibrate;
 mod chart;
 mod client;
+mod controls;
 mod drafter;
 mod generate;
 mod loopback;

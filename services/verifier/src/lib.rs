@@ -8,6 +8,7 @@ mod client_stream;
 mod deadline;
 mod error;
 mod failover;
+mod generations;
 mod metrics;
 mod pool;
 mod remote;

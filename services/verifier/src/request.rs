@@ -5,9 +5,9 @@
 
 use tandem_core::Verification;
 use tandem_engine::GenerationRequest;
-use tandem_proto::codec::{sampling_from_pb, verification_from_pb};
+use tandem_proto::codec::{penalties_from_pb, sampling_from_pb, verification_from_pb};
 use tandem_proto::v1 as pb;
-use tandem_tokenizer::GemmaTokenizer;
+use tandem_tokenizer::{ChatMessage, GemmaTokenizer};
 
 use crate::error::VerifierError;
 
@@ -15,6 +15,8 @@ use crate::error::VerifierError;
 pub const MAX_STOPS: usize = 16;
 /// Longest stop string, in bytes.
 pub const MAX_STOP_BYTES: usize = 256;
+/// Most turns in a chat prompt.
+pub const MAX_CHAT_MESSAGES: usize = 1024;
 
 /// What a request gets for the fields it leaves unset.
 #[derive(Debug, Clone)]
@@ -41,28 +43,24 @@ pub fn generation_request(
 ) -> Result<GenerationRequest, VerifierError> {
     let invalid = |m: String| VerifierError::InvalidArgument(m);
     let verification = verification_from_pb(r.verification(), defaults.verification);
-    let prompt = match r.prompt {
-        Some(pb::generate_request::Prompt::Text(t)) if !t.is_empty() => tokenizer
-            .encode(&t, true)
-            .map_err(|e| invalid(e.to_string()))?,
-        Some(pb::generate_request::Prompt::TokenIds(ids)) if !ids.ids.is_empty() => ids.ids,
-        _ => {
-            return Err(invalid(
-                "the prompt is empty: give text or token_ids".into(),
-            ))
-        }
-    };
+    let prompt = prompt_ids(r.prompt, tokenizer)?;
     if r.stop.len() > MAX_STOPS || r.stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
         return Err(invalid(format!(
             "at most {MAX_STOPS} stop strings of {MAX_STOP_BYTES} bytes each"
         )));
     }
+    let sampling = r.sampling.as_ref();
     Ok(GenerationRequest {
         prompt,
         max_tokens: r
             .max_tokens
             .map_or(defaults.default_max_tokens, |m| m as usize),
-        sampling: sampling_from_pb(r.sampling.as_ref()),
+        sampling: sampling_from_pb(sampling),
+        penalties: penalties_from_pb(sampling),
+        min_p: sampling.and_then(|s| s.min_p).unwrap_or(0.0),
+        min_tokens: r.min_tokens.unwrap_or(0) as usize,
+        stop_token_ids: r.stop_token_ids,
+        logprobs: r.logprobs.map(|n| n as usize),
         stop_strings: r.stop,
         ignore_eos: r.ignore_eos,
         gamma: r.max_gamma.map_or(defaults.gamma, |g| g as usize),
@@ -70,4 +68,42 @@ pub fn generation_request(
         verification,
         confidence_cuts: r.confidence_cuts.unwrap_or(defaults.confidence_cuts),
     })
+}
+
+/// The token ids of a wire prompt: text tokenized with BOS, ids as given, a conversation
+/// through the tokenizer's chat template.
+fn prompt_ids(
+    prompt: Option<pb::generate_request::Prompt>,
+    tokenizer: &GemmaTokenizer,
+) -> Result<Vec<u32>, VerifierError> {
+    use pb::generate_request::Prompt;
+    let invalid = |m: String| VerifierError::InvalidArgument(m);
+    match prompt {
+        Some(Prompt::Text(t)) if !t.is_empty() => tokenizer
+            .encode(&t, true)
+            .map_err(|e| invalid(e.to_string())),
+        Some(Prompt::TokenIds(ids)) if !ids.ids.is_empty() => Ok(ids.ids),
+        Some(Prompt::Chat(chat)) if !chat.messages.is_empty() => {
+            if chat.messages.len() > MAX_CHAT_MESSAGES {
+                return Err(invalid(format!(
+                    "at most {MAX_CHAT_MESSAGES} chat messages"
+                )));
+            }
+            let messages: Vec<ChatMessage> = chat
+                .messages
+                .into_iter()
+                .map(|m| ChatMessage {
+                    role: m.role,
+                    content: m.content,
+                })
+                .collect();
+            let open_turn = chat.add_generation_prompt.unwrap_or(true);
+            tokenizer
+                .encode_chat(&messages, open_turn)
+                .map_err(|e| invalid(e.to_string()))
+        }
+        _ => Err(invalid(
+            "the prompt is empty: give text, token_ids or chat messages".into(),
+        )),
+    }
 }

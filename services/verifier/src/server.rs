@@ -18,11 +18,12 @@ use tonic::service::Routes;
 
 use crate::admission::{Admission, Limits};
 use crate::error::VerifierError;
+use crate::generations::{Generations, ServiceParts, VerifierConfig};
 use crate::metrics::VerifierMetrics;
 use crate::pool::{DrafterPool, PoolConfig, Resolve, SystemResolver};
 use crate::remote::SessionOptions;
 use crate::request::RequestDefaults;
-use crate::service::{GenerationService, ServiceParts, VerifierConfig};
+use crate::service::GenerationService;
 
 type Server = pb::generation_server::GenerationServer<GenerationService>;
 
@@ -98,7 +99,7 @@ impl Default for VerifierSettings {
 
 /// A verifier, assembled and ready to serve.
 pub struct Verifier {
-    service: GenerationService,
+    core: Arc<Generations>,
     registry: Arc<Registry>,
     drain: Arc<Drain>,
     grace: Duration,
@@ -123,15 +124,15 @@ impl Verifier {
 
     /// The engine.
     pub fn engine(&self) -> &Engine {
-        self.service.engine()
+        self.core.engine()
     }
 }
 
 impl Serve for Verifier {
     fn app(self) -> App {
-        let warm = self.service.clone();
+        let warm = Arc::clone(&self.core);
         App {
-            routes: Routes::new(Server::new(self.service)),
+            routes: Routes::new(Server::new(GenerationService::new(self.core))),
             name: Server::NAME,
             registry: self.registry,
             warm_up: Box::new(move || warm_up(warm.engine())),
@@ -203,7 +204,7 @@ impl VerifierBuilder {
             slow_client_timeout: s.slow_client_timeout,
         };
         let drain = Drain::new();
-        let service = GenerationService::new(ServiceParts {
+        let core = Generations::new(ServiceParts {
             engine,
             pool,
             cfg,
@@ -212,7 +213,7 @@ impl VerifierBuilder {
             drain: Arc::clone(&drain),
         });
         Ok(Verifier {
-            service,
+            core,
             registry,
             drain,
             grace: s.drain_grace,

@@ -6,9 +6,11 @@ pub mod ab;
 pub mod acceptance;
 pub mod block;
 pub mod calibration;
+pub mod controls;
 pub mod cut;
 pub mod gamma;
 pub mod identity;
+pub mod logprobs;
 pub mod lookup;
 pub mod proposer;
 pub mod sampling;
@@ -18,8 +20,10 @@ pub mod stopping;
 pub use ab::{AbError, ArmSummary, Comparison, Interval, PromptRun};
 pub use acceptance::{accept_greedy, accept_sampled, Verdict, Verification};
 pub use block::{accept_block, BlockPlan, ExpectedKept};
+pub use controls::{min_p_mask, ControlError, History, LogitControls, Penalties};
 pub use gamma::{GammaPolicy, GammaPolicyConfig, Learnt, Observed, CARRIED_ROUNDS};
 pub use identity::TargetIdentity;
+pub use logprobs::{token_logprob, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use proposer::{
     DraftBlock, DraftSource, ProposeError, ProposeRequest, Proposer, ProposerSession,
 };

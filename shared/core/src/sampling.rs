@@ -112,15 +112,21 @@ impl SparseDist {
     }
 
     /// Draws an id given a uniform number `u` in [0, 1).
+    /// When rounding leaves `u` past the total, the last id with a non-zero probability.
     pub fn draw(&self, u: f64) -> u32 {
         let mut acc = 0f64;
+        let mut last = None;
         for (id, p) in self.ids.iter().zip(&self.probs) {
             acc += *p as f64;
             if u < acc {
                 return *id;
             }
+            if *p > 0.0 {
+                last = Some(*id);
+            }
         }
-        *self.ids.last().expect("a distribution has at least one id")
+        last.or(self.ids.last().copied())
+            .expect("a distribution has at least one id")
     }
 }
 

@@ -45,6 +45,11 @@ pub struct StopConfig {
     pub eos_ids: Vec<u32>,
     /// Strings that end the generation (excluded from the text).
     pub stop_strings: Vec<String>,
+    /// Tokens that end the generation with [`FinishReason::Stop`] (included in the tokens,
+    /// not in the text).
+    pub stop_ids: Vec<u32>,
+    /// Before this many tokens, only the token limit ends the generation.
+    pub min_tokens: usize,
 }
 
 /// Tokens and text produced since the previous chunk.
@@ -96,8 +101,15 @@ impl Output {
             return self.finish;
         }
         self.tokens.push(token);
+        if self.tokens.len() < self.cfg.min_tokens {
+            self.text.push_str(text.unwrap_or_default());
+            return None;
+        }
         if self.cfg.eos_ids.contains(&token) {
             return self.end(FinishReason::Eos);
+        }
+        if self.cfg.stop_ids.contains(&token) {
+            return self.end(FinishReason::Stop);
         }
         if let Some(delta) = text {
             if self.append_text(delta) {
@@ -206,7 +218,35 @@ mod tests {
             max_tokens: max,
             eos_ids: vec![1],
             stop_strings: stops.iter().map(|s| s.to_string()).collect(),
+            ..StopConfig::default()
         }
+    }
+
+    #[test]
+    fn stop_ids_end_with_stop_and_nothing_but_the_limit_ends_before_min_tokens() {
+        let mut out = Output::new(StopConfig {
+            stop_ids: vec![7],
+            min_tokens: 3,
+            ..cfg(10, &["b"])
+        });
+        assert_eq!(
+            out.push(1, Some("a")),
+            None,
+            "end of sequence before min_tokens"
+        );
+        assert_eq!(
+            out.push(7, Some("b")),
+            None,
+            "stop id and stop string before it"
+        );
+        assert_eq!(out.push(7, Some("c")), Some(FinishReason::Stop));
+        assert_eq!(out.tokens(), &[1, 7, 7]);
+        assert_eq!(out.text(), "ab", "a stop id's text is left out");
+        let mut eos = Output::new(StopConfig {
+            stop_ids: vec![7],
+            ..cfg(10, &[])
+        });
+        assert_eq!(eos.push(1, None), Some(FinishReason::Eos));
     }
 
     /// Feeds one piece of text per token (token id = index + 10) until the end.

@@ -12,9 +12,10 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 use tandem_core::{
-    accept_greedy, argmax, cut::cut_length, distribution, distribution_of, Chunk, DraftBlock,
-    ExpectedKept, FinishReason, GammaPolicy, GammaPolicyConfig, Observed, Output, Proposer,
-    Sampler, SamplingParams, SnapshotSpec, Verdict,
+    accept_greedy, argmax, cut::cut_length, distribution, distribution_of, min_p_mask,
+    token_logprob, Chunk, DraftBlock, ExpectedKept, FinishReason, GammaPolicy, GammaPolicyConfig,
+    History, LogitControls, Observed, Output, Proposer, Sampler, SamplingParams, SnapshotSpec,
+    TokenLogprob, Verdict,
 };
 use tandem_gemma::{argmax_rows, LogitsMode, TopRow};
 use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
@@ -34,6 +35,8 @@ pub struct Update {
     pub chunk: Chunk,
     /// The round that produced them (`None` for the first token and a closing chunk).
     pub round: Option<RoundStats>,
+    /// One per token of the chunk when the request asked for log-probabilities.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// The end of a generation.
@@ -157,6 +160,9 @@ struct Generation<'e> {
     cache: Box<dyn TargetSequence + 'e>,
     vocab: usize,
     sampler: Sampler,
+    controls: LogitControls,
+    history: History,
+    logprobs: Logprobs,
     output: Output,
     stream: StreamDecoder<'e>,
     drafting: Option<Drafting>,
@@ -188,6 +194,9 @@ impl<'e> Generation<'e> {
             cache: engine.model.start(plan.cache_positions()),
             vocab: facts.vocab_size,
             sampler: Sampler::new(req.sampling)?,
+            controls: req.controls(engine.tokenizer.stop_ids()),
+            history: History::new(&req.prompt),
+            logprobs: Logprobs::default(),
             output: Output::new(req.stop_config(engine.tokenizer.stop_ids())),
             stream: engine.tokenizer.stream(),
             drafting,
@@ -260,10 +269,13 @@ impl<'e> Generation<'e> {
         block.extend_from_slice(&draft.tokens);
         let t1 = Instant::now();
         let sampling = &self.req.sampling;
-        let mode = match (sampling.is_greedy(), sampling.top_k) {
-            (true, _) => LogitsMode::Top(1),
-            (false, Some(k)) => LogitsMode::Top(k),
-            (false, None) => LogitsMode::All,
+        let full =
+            self.req.logprobs.is_some() || self.controls.needs_all_logits(self.history.generated());
+        let mode = match (full, sampling.is_greedy(), sampling.top_k) {
+            (true, ..) => LogitsMode::All,
+            (false, true, _) => LogitsMode::Top(1),
+            (false, false, Some(k)) => LogitsMode::Top(k),
+            (false, false, None) => LogitsMode::All,
         };
         let out = self.forward(&block, n, mode)?;
         let (verdict, expected) = self.verify(&out, &draft)?;
@@ -312,8 +324,10 @@ impl<'e> Generation<'e> {
     }
 
     /// Accepts a prefix of `draft` against the target logits of `out` and chooses the next
-    /// token, with the request's sampling applied identically to plain decoding; sampled
-    /// block verification also says what each rule keeps of the block in expectation.
+    /// token, with the request's sampling and logit controls applied identically to plain
+    /// decoding (each position's controls count the drafts before it as output); sampled
+    /// block verification also says what each rule keeps of the block in expectation. The
+    /// log-probabilities of the tokens it keeps, when asked for, wait for [`Self::emit`].
     fn verify(
         &mut self,
         out: &TargetStep,
@@ -329,10 +343,15 @@ impl<'e> Generation<'e> {
                 let ids: Vec<u32> = top.iter().map(TopRow::first_max).collect();
                 return Ok((accept_greedy(&draft.tokens, &ids), None));
             }
+            let min_p = self.controls.min_p;
             return Ok(self.req.verification.accept(
                 &draft.tokens,
                 &draft.dists,
-                |i| distribution_of(&top[i].ids, &top[i].values, &sampling),
+                |i| {
+                    let mut values = top[i].values.clone();
+                    min_p_mask(&mut values, min_p, sampling.temperature);
+                    distribution_of(&top[i].ids, &values, &sampling)
+                },
                 &mut self.sampler,
             ));
         }
@@ -340,17 +359,39 @@ impl<'e> Generation<'e> {
             .logits
             .as_ref()
             .ok_or_else(|| EngineError::InvalidRequest("forward returned no logits".into()))?;
-        if sampling.is_greedy() {
+        let controlled = self.controls.is_active(sampling.temperature);
+        if sampling.is_greedy() && !controlled && self.req.logprobs.is_none() {
             let ids = greedy_tokens(logits, rows)?;
             return Ok((accept_greedy(&draft.tokens, &ids), None));
         }
-        let rows = logits_rows(logits, rows)?;
-        Ok(self.req.verification.accept(
-            &draft.tokens,
-            &draft.dists,
-            |i| distribution(&rows[i], &sampling),
-            &mut self.sampler,
-        ))
+        let raw = logits_rows(logits, rows)?;
+        let mut rows = raw.clone();
+        if controlled {
+            for (i, row) in rows.iter_mut().enumerate() {
+                let drafted = &draft.tokens[..i];
+                self.controls
+                    .apply(row, &self.history, drafted, sampling.temperature);
+            }
+        }
+        let (verdict, expected) = match sampling.is_greedy() {
+            true => {
+                let ids: Vec<u32> = rows.iter().map(|r| argmax(r)).collect();
+                (accept_greedy(&draft.tokens, &ids), None)
+            }
+            false => self.req.verification.accept(
+                &draft.tokens,
+                &draft.dists,
+                |i| distribution(&rows[i], &sampling),
+                &mut self.sampler,
+            ),
+        };
+        if let Some(top) = self.req.logprobs {
+            let kept = verdict.emitted(&draft.tokens);
+            self.logprobs.fresh = (kept.iter().zip(&raw))
+                .map(|(t, row)| token_logprob(row, *t, top))
+                .collect();
+        }
+        Ok((verdict, expected))
     }
 
     /// Queues for the proposer the snapshot rows of `rows` newly committed positions from
@@ -375,7 +416,10 @@ impl<'e> Generation<'e> {
         round: Option<RoundStats>,
         sink: &mut Sink<'_>,
     ) -> Result<()> {
+        let mut fresh = std::mem::take(&mut self.logprobs.fresh).into_iter();
         for t in tokens {
+            self.history.push(*t);
+            self.logprobs.chunk.extend(fresh.next());
             let text = self.stream.push(*t)?;
             if self.output.push(*t, text.as_deref()).is_some() {
                 let tail = self.stream.finish()?;
@@ -399,6 +443,7 @@ impl<'e> Generation<'e> {
         let update = Update {
             chunk: self.output.take_chunk(),
             round,
+            logprobs: std::mem::take(&mut self.logprobs.chunk),
         };
         if sink(&update).is_break() {
             self.output.finish(FinishReason::Cancelled, None);
@@ -415,6 +460,14 @@ impl<'e> Generation<'e> {
             timing: self.timing,
         }
     }
+}
+
+/// Log-probabilities on their way to the client: those of the tokens the last verification
+/// kept, then those of the tokens emitted since the last chunk.
+#[derive(Default)]
+struct Logprobs {
+    fresh: Vec<TokenLogprob>,
+    chunk: Vec<TokenLogprob>,
 }
 
 /// The first `rows` rows of a `[m, vocab]` logits tensor.

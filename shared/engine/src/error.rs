@@ -1,6 +1,6 @@
 //! The engine's one error type.
 
-use tandem_core::SamplingError;
+use tandem_core::{ControlError, SamplingError};
 use tandem_gemma::GemmaError;
 
 /// Why a generation could not run.
@@ -22,6 +22,12 @@ pub enum EngineError {
 
 impl From<SamplingError> for EngineError {
     fn from(e: SamplingError) -> Self {
+        Self::InvalidRequest(e.to_string())
+    }
+}
+
+impl From<ControlError> for EngineError {
+    fn from(e: ControlError) -> Self {
         Self::InvalidRequest(e.to_string())
     }
 }

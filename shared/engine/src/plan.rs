@@ -81,6 +81,16 @@ fn check_against(request: &GenerationRequest, facts: &TargetFacts) -> Result<()>
             facts.vocab_size
         ));
     }
+    if let Some(t) = request
+        .stop_token_ids
+        .iter()
+        .find(|t| **t as usize >= facts.vocab_size)
+    {
+        return invalid(format!(
+            "stop token {t} is outside the vocabulary of {}",
+            facts.vocab_size
+        ));
+    }
     let context = facts.max_context;
     if request.prompt.len().saturating_add(request.max_tokens) > context {
         return invalid(format!(

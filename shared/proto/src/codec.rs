@@ -5,8 +5,8 @@
 
 use half::{bf16, f16};
 use tandem_core::{
-    DraftBlock, DraftSource, FinishReason, SamplingParams, SnapshotRows, SparseDist,
-    TargetIdentity, Verification,
+    DraftBlock, DraftSource, FinishReason, Penalties, SamplingParams, SnapshotRows, SparseDist,
+    TargetIdentity, TokenLogprob, Verification,
 };
 
 use crate::v1 as pb;
@@ -42,6 +42,27 @@ pub fn sampling_to_pb(s: &SamplingParams) -> pb::SamplingParams {
         top_k: s.top_k.map(|k| k.min(u32::MAX as usize) as u32),
         top_p: Some(s.top_p),
         seed: Some(s.seed),
+        ..pb::SamplingParams::default()
+    }
+}
+
+/// The penalties of wire sampling parameters (unset fields: off).
+pub fn penalties_from_pb(p: Option<&pb::SamplingParams>) -> Penalties {
+    let d = Penalties::default();
+    p.map_or(d, |p| Penalties {
+        repetition: p.repetition_penalty.unwrap_or(d.repetition),
+        presence: p.presence_penalty.unwrap_or(d.presence),
+        frequency: p.frequency_penalty.unwrap_or(d.frequency),
+    })
+}
+
+impl From<&TokenLogprob> for pb::TokenLogprob {
+    fn from(t: &TokenLogprob) -> Self {
+        Self {
+            logprob: t.logprob,
+            top_ids: t.top.iter().map(|x| x.0).collect(),
+            top_logprobs: t.top.iter().map(|x| x.1).collect(),
+        }
     }
 }
 

@@ -2,7 +2,11 @@
 //! handling explicit, plus [`StreamDecoder`], which turns a stream of token ids into text
 //! deltas without ever emitting half of a multi-byte or byte-fallback character.
 
+mod chat;
+
 use std::path::Path;
+
+pub use chat::{ChatMessage, ChatTemplate};
 
 /// Errors of tokenization.
 #[derive(Debug, thiserror::Error)]
@@ -28,10 +32,12 @@ pub struct GemmaTokenizer {
     inner: tokenizers::Tokenizer,
     bos: u32,
     stop_ids: Vec<u32>,
+    chat: Option<ChatTemplate>,
 }
 
 impl GemmaTokenizer {
-    /// Loads `tokenizer.json`.
+    /// Loads `tokenizer.json`, and the chat template of the `tokenizer_config.json` beside
+    /// it when there is one.
     pub fn from_file(path: &Path) -> Result<Self> {
         let load_err = |reason: String| TokenizerError::Load {
             path: path.display().to_string(),
@@ -48,11 +54,34 @@ impl GemmaTokenizer {
             .iter()
             .filter_map(|t| inner.token_to_id(t))
             .collect();
+        let config = path.with_file_name("tokenizer_config.json");
+        let chat = match config.is_file() {
+            true => ChatTemplate::from_config(&config)?,
+            false => None,
+        };
         Ok(Self {
             inner,
             bos,
             stop_ids,
+            chat,
         })
+    }
+
+    /// The chat template, when the tokenizer came with one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat.as_ref()
+    }
+
+    /// Token ids of a conversation rendered with the chat template (one `<bos>` first).
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>> {
+        let template = self.chat.as_ref().ok_or_else(|| {
+            TokenizerError::Codec("this model's tokenizer has no chat template".into())
+        })?;
+        self.encode(&template.render(messages, add_generation_prompt)?, true)
     }
 
     /// Token ids of `text`, with `<bos>` first when `add_bos` (never twice).
@@ -71,9 +100,19 @@ impl GemmaTokenizer {
 
     /// Text of `ids`, special tokens skipped.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.decode_with(ids, true)
+    }
+
+    /// Text of `ids`, with or without the special tokens.
+    pub fn decode_with(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         self.inner
-            .decode(ids, true)
+            .decode(ids, skip_special_tokens)
             .map_err(|e| TokenizerError::Codec(e.to_string()))
+    }
+
+    /// The vocabulary entry of `id` (byte-fallback and word-boundary markers as stored).
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
     }
 
     /// Id of a token string, if it is in the vocabulary.
