@@ -245,7 +245,10 @@ fn check(controls: &LogitControls, proposer: Option<&dyn Proposer>, v: Verificat
         *seen.entry(out.tokens).or_default() += 1;
     }
     if proposer.is_some() {
-        assert!(accepted > DRAWS / 10, "{accepted} drafts accepted in {DRAWS} generations");
+        assert!(
+            accepted > DRAWS / 10,
+            "{accepted} drafts accepted in {DRAWS} generations"
+        );
     }
     for seq in seen.keys() {
         assert!(
