@@ -1,7 +1,8 @@
 //! Chat prompts: a conversation rendered with the Jinja chat template that ships in the
 //! model's `tokenizer_config.json` (`chat_template`, with its `bos_token` and `eos_token`),
-//! through minijinja with Python's string methods (`minijinja-contrib`'s pycompat), as
-//! transformers' `apply_chat_template` renders it.
+//! through minijinja with Python's string methods (`minijinja-contrib`'s pycompat) and
+//! Jinja2's `trim_blocks` / `lstrip_blocks`, as transformers' `apply_chat_template` renders
+//! it (golden fixture: scripts/golden/chat_template_jinja2.py).
 
 use std::path::Path;
 
@@ -75,6 +76,8 @@ impl ChatTemplate {
 
     fn environment(&self) -> Result<Environment<'_>> {
         let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
             "raise_exception",

@@ -2,7 +2,7 @@
 
 use proptest::prelude::*;
 use tandem_testkit::real_tokenizer;
-use tandem_tokenizer::GemmaTokenizer;
+use tandem_tokenizer::{ChatMessage, GemmaTokenizer};
 
 fn tok() -> &'static GemmaTokenizer {
     static TOK: std::sync::OnceLock<GemmaTokenizer> = std::sync::OnceLock::new();
@@ -74,5 +74,47 @@ proptest! {
         let ids = tok().encode(&text, false).expect("encode");
         let (joined, _) = stream_all(&ids);
         prop_assert_eq!(joined, tok().decode(&ids).expect("decode"));
+    }
+}
+
+/// Conversations rendered with the tokenizer's chat template equal Jinja2's rendering as
+/// transformers does it (fixtures/chat_template.json, made by
+/// scripts/golden/chat_template_jinja2.py), and the template's refusals come back as errors
+/// with its message.
+#[test]
+fn chat_prompts_render_as_jinja2_renders_them() {
+    let fixture: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/chat_template.json")).expect("fixture");
+    let template = tok()
+        .chat_template()
+        .expect("the tokenizer ships a chat template");
+    let cases = fixture["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 6);
+    for case in cases {
+        let messages: Vec<ChatMessage> = case["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .map(|m| ChatMessage {
+                role: m["role"].as_str().expect("role").into(),
+                content: m["content"].as_str().expect("content").into(),
+            })
+            .collect();
+        let open = case["add_generation_prompt"].as_bool().expect("flag");
+        let got = template.render(&messages, open);
+        match (case["text"].as_str(), case["error"].as_str()) {
+            (Some(want), _) => {
+                assert_eq!(got.expect("renders"), want);
+                let ids = tok().encode_chat(&messages, open).expect("encode");
+                assert_eq!(ids.iter().filter(|t| **t == tok().bos_id()).count(), 1);
+                assert_eq!(ids[0], tok().bos_id());
+                assert_eq!(tok().decode_with(&ids, false).expect("decode"), want);
+            }
+            (None, Some(why)) => {
+                let err = got.expect_err("refused").to_string();
+                assert!(err.contains(why), "{err}");
+            }
+            _ => panic!("a case has text or an error"),
+        }
     }
 }
