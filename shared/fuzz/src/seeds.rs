@@ -69,7 +69,34 @@ pub fn generate_requests() -> Vec<Vec<u8>> {
         verification: pb::Verification::Block as i32,
         ..Default::default()
     };
-    [text, ids].iter().map(Message::encode_to_vec).collect()
+    let chat = pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::Chat(pb::Chat {
+            messages: vec![
+                pb::ChatMessage {
+                    role: "system".into(),
+                    content: "Be brief.".into(),
+                },
+                pb::ChatMessage {
+                    role: "user".into(),
+                    content: "Name a colour.".into(),
+                },
+            ],
+            add_generation_prompt: Some(true),
+        })),
+        sampling: Some(pb::SamplingParams {
+            min_p: Some(0.05),
+            repetition_penalty: Some(1.1),
+            presence_penalty: Some(0.5),
+            frequency_penalty: Some(-0.5),
+            ..sampled()
+        }),
+        max_tokens: Some(12),
+        min_tokens: Some(2),
+        stop_token_ids: vec![106],
+        logprobs: Some(5),
+        ..Default::default()
+    };
+    [text, ids, chat].iter().map(Message::encode_to_vec).collect()
 }
 
 /// An Open of the shipped drafter's snapshot, rows in bf16 and f32, a Propose and a Close.
