@@ -105,7 +105,10 @@ async fn controls_unary_chat_and_tokenizer_calls_through_the_services() {
             .unwrap()
             .into_inner();
         assert_eq!((unary.token_ids, unary.logprobs), (want, want_lps));
-        assert_eq!(unary.finished.unwrap().reason, pb::FinishReason::Stop as i32);
+        assert_eq!(
+            unary.finished.unwrap().reason,
+            pb::FinishReason::Stop as i32
+        );
     }
     check_chat(&mut c).await;
     check_tokenizer_calls(&mut c).await;

@@ -290,6 +290,13 @@ async fn stop_length_logprobs_seeds_and_n() {
     );
     assert_eq!(text(&two, 1), text(&b, 0), "choice 1 with seed + 1");
     assert_eq!(two["usage"]["completion_tokens"], 2 * NEW_TOKENS);
+    let unseeded = completion("Once upon a time,", json!({"temperature": 1.0, "n": 2}));
+    let free = ok(addr, "/v1/completions", &unseeded).await;
+    assert_ne!(
+        text(&free, 0),
+        text(&free, 1),
+        "choices without a seed are drawn apart"
+    );
 }
 
 /// The status and OpenAI error of a refused request.

@@ -96,7 +96,10 @@ pub fn generate_requests() -> Vec<Vec<u8>> {
         logprobs: Some(5),
         ..Default::default()
     };
-    [text, ids, chat].iter().map(Message::encode_to_vec).collect()
+    [text, ids, chat]
+        .iter()
+        .map(Message::encode_to_vec)
+        .collect()
 }
 
 /// An Open of the shipped drafter's snapshot, rows in bf16 and f32, a Propose and a Close.

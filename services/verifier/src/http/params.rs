@@ -1,7 +1,8 @@
 //! The request fields completions and chat share (OpenAI's, vLLM's extensions and
 //! tandem's `speculative` and `max_gamma`) and the wire requests they become: one per
 //! choice, choice `i` seeded `seed + i` when the request gives a seed (so `n` samples
-//! differ, and a request repeated with its seed repeats every choice). Ranges are the
+//! differ, and a request repeated with its seed repeats every choice) and from a random
+//! seed otherwise, as OpenAI's and vLLM's unseeded requests are. Ranges are the
 //! engine's to check; what OpenAI has and tandem does not is refused here.
 
 use serde::Deserialize;
@@ -103,10 +104,11 @@ impl Common {
             ));
         }
         let base = self.request(shape)?;
+        let seed = self.seed.unwrap_or_else(rand::random);
         Ok((0..n)
             .map(|i| {
                 let mut r = base.clone();
-                if let (Some(s), Some(seed)) = (r.sampling.as_mut(), self.seed) {
+                if let Some(s) = r.sampling.as_mut() {
                     s.seed = Some(seed.wrapping_add(u64::from(i)));
                 }
                 r
@@ -132,7 +134,7 @@ impl Common {
                 temperature: Some(self.temperature.unwrap_or(OPENAI_TEMPERATURE)),
                 top_k,
                 top_p: self.top_p,
-                seed: self.seed,
+                seed: None,
                 min_p: self.min_p,
                 repetition_penalty: self.repetition_penalty,
                 presence_penalty: self.presence_penalty,
