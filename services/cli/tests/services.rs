@@ -5,70 +5,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 
-use common::{assert_one_line_error, command, stderr, tandem};
+use common::{announced, assert_one_line_error, command, start_up, stderr, stop_up, tandem};
 use tandem_testkit::Pki;
-
-/// Starts `tandem up` on ports the OS picks with `extra` flags; returns the process and
-/// the verifier address its banner prints.
-fn start_up(extra: &[&str]) -> (Child, String) {
-    let any = "127.0.0.1:0";
-    let mut args = vec![
-        "up",
-        "--listen",
-        any,
-        "--metrics-listen",
-        any,
-        "--drafter-listen",
-        any,
-        "--drafter-metrics-listen",
-        any,
-        "--drafter",
-        "random",
-    ];
-    args.extend_from_slice(extra);
-    let mut up = command(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start tandem up");
-    let mut lines = BufReader::new(up.stderr.take().expect("stderr")).lines();
-    let banner = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find(|l| l.starts_with("tandem up: verifier on "))
-        .expect("the banner");
-    std::thread::spawn(move || lines.for_each(drop));
-    let addr = banner["tandem up: verifier on ".len()..]
-        .split(' ')
-        .next()
-        .expect("an address");
-    assert!(
-        !addr.ends_with(":0"),
-        "the bound port, not the asked one: {banner}"
-    );
-    (up, addr.to_string())
-}
-
-/// Stops `up` with SIGTERM; it must end cleanly.
-fn stop_up(mut up: Child) {
-    let term = std::process::Command::new("kill")
-        .args(["-TERM", &up.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(term.success());
-    let status = up.wait().expect("wait");
-    assert!(
-        status.success(),
-        "tandem up ends cleanly on SIGTERM: {status}"
-    );
-}
 
 #[test]
 fn up_serves_a_client_on_the_ports_it_prints_and_stops_on_sigterm() {
-    let (up, addr) = start_up(&[]);
+    let (up, banner) = start_up("random", &[]);
+    let addr = announced(&banner, "verifier on ");
     let url = format!("http://{addr}");
     let args = [
         "--server",
@@ -100,7 +45,8 @@ fn up_with_tls_and_a_token_file_serves_only_clients_with_the_ca_and_a_token() {
         "--token-file",
         &tokens,
     ];
-    let (up, addr) = start_up(&flags);
+    let (up, banner) = start_up("random", &flags);
+    let addr = announced(&banner, "verifier on ");
     let url = format!("https://{addr}");
     let ca = path(&pki.ca);
     let args = [
