@@ -82,7 +82,7 @@ pub fn announced(banner: &str, label: &str) -> String {
         .unwrap_or_else(|| panic!("no {label:?} in {banner:?}"));
     let addr: String = banner[at + label.len()..]
         .chars()
-        .take_while(|c| !matches!(c, ' ' | ','))
+        .take_while(|c| !matches!(c, ' ' | ',' | ')'))
         .collect();
     assert!(
         addr.parse::<std::net::SocketAddr>().is_ok(),
