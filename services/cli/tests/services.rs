@@ -1,5 +1,5 @@
-//! `tandem up` and the services' security flags as real processes: `tandem up` serves on
-//! the ports it prints and stops on SIGTERM; with TLS and a token file it serves only
+//! `tandem up` and the services' security flags as real processes: `tandem up` serves
+//! gRPC and HTTP on the ports it prints and stops on SIGTERM; with TLS and a token file it serves only
 //! clients with the CA and a token; a drafter and a verifier process draft over mutual TLS;
 //! unusable TLS files are one clear line before the model loads.
 
@@ -12,8 +12,8 @@ use common::{assert_one_line_error, command, stderr, tandem};
 use tandem_testkit::Pki;
 
 /// Starts `tandem up` on ports the OS picks with `extra` flags; returns the process and
-/// the verifier address its banner prints.
-fn start_up(extra: &[&str]) -> (Child, String) {
+/// the verifier's gRPC and HTTP addresses its banner prints.
+fn start_up(extra: &[&str]) -> (Child, String, String) {
     let any = "127.0.0.1:0";
     let mut args = vec![
         "up",
@@ -24,6 +24,8 @@ fn start_up(extra: &[&str]) -> (Child, String) {
         "--drafter-listen",
         any,
         "--drafter-metrics-listen",
+        any,
+        "--http-listen",
         any,
         "--drafter",
         "random",
@@ -45,11 +47,30 @@ fn start_up(extra: &[&str]) -> (Child, String) {
         .split(' ')
         .next()
         .expect("an address");
+    let http = banner
+        .split_once(", HTTP on ")
+        .and_then(|(_, rest)| rest.split(')').next())
+        .expect("the HTTP address");
     assert!(
-        !addr.ends_with(":0"),
-        "the bound port, not the asked one: {banner}"
+        !addr.ends_with(":0") && !http.ends_with(":0"),
+        "the bound ports, not the asked ones: {banner}"
     );
-    (up, addr.to_string())
+    (up, addr.to_string(), http.to_string())
+}
+
+/// The status of a plain HTTP/1.1 GET of `path` at `addr`.
+fn get_status(addr: &str, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read");
+    let status = answer.split(' ').nth(1).and_then(|c| c.parse().ok());
+    status.unwrap_or_else(|| panic!("no HTTP answer: {answer:?}"))
 }
 
 /// Stops `up` with SIGTERM; it must end cleanly.
@@ -68,7 +89,8 @@ fn stop_up(mut up: Child) {
 
 #[test]
 fn up_serves_a_client_on_the_ports_it_prints_and_stops_on_sigterm() {
-    let (up, addr) = start_up(&[]);
+    let (up, addr, http) = start_up(&[]);
+    assert_eq!(get_status(&http, "/health"), 200, "HTTP on {http}");
     let url = format!("http://{addr}");
     let args = [
         "--server",
@@ -100,7 +122,7 @@ fn up_with_tls_and_a_token_file_serves_only_clients_with_the_ca_and_a_token() {
         "--token-file",
         &tokens,
     ];
-    let (up, addr) = start_up(&flags);
+    let (up, addr, _) = start_up(&flags);
     let url = format!("https://{addr}");
     let ca = path(&pki.ca);
     let args = [
