@@ -15,7 +15,7 @@ use tandem_drafter::{Drafter, DrafterConfig};
 use tandem_serving::{
     ClientTls, ClientTlsFiles, KeyPair, Listeners, Security, Serve, ServerTlsFiles, Tokens,
 };
-use tandem_verifier::{Verifier, VerifierSettings};
+use tandem_verifier::{Verifier, VerifierSettings, DEFAULT_SERVED_MODEL_NAME};
 
 use crate::drafter::DrafterArgs;
 use crate::models::ModelArgs;
@@ -66,6 +66,10 @@ pub struct VerifierServeArgs {
     /// Prometheus /metrics listen address.
     #[arg(long, env = "TANDEM_METRICS_LISTEN", default_value = "0.0.0.0:9101")]
     metrics_listen: SocketAddr,
+    /// OpenAI-compatible HTTP API listen address (/v1/completions, /v1/chat/completions,
+    /// /v1/models, /tokenize, /detokenize, /health), secured like gRPC. Default: off.
+    #[arg(long, env = "TANDEM_HTTP_LISTEN")]
+    http_listen: Option<SocketAddr>,
     /// Drafter endpoints: `http://host:port` or `dns:///name:port` (re-resolved), comma
     /// separated. None: plain decoding only.
     #[arg(long, env = "TANDEM_DRAFTERS", value_delimiter = ',')]
@@ -131,6 +135,10 @@ pub struct VerifierOptions {
     /// Longest prompt + generation accepted (default: the model's context).
     #[arg(long, env = "TANDEM_MAX_CONTEXT")]
     max_context: Option<usize>,
+    /// The model's name in the HTTP API: what requests put in `model` and /v1/models lists
+    /// (requests naming another model get 404).
+    #[arg(long, env = "TANDEM_SERVED_MODEL_NAME", default_value = DEFAULT_SERVED_MODEL_NAME)]
+    served_model_name: String,
 }
 
 /// TLS of a service's gRPC listener.
@@ -274,6 +282,7 @@ impl VerifierOptions {
             drain_grace: Duration::from_secs(self.drain_seconds),
             snapshot_chunk_bytes: self.snapshot_chunk_bytes,
             max_context: self.max_context,
+            served_model_name: self.served_model_name.clone(),
             ..VerifierSettings::default()
         }
     }
@@ -288,6 +297,9 @@ pub struct UpArgs {
     /// Verifier /metrics listen address.
     #[arg(long, env = "TANDEM_METRICS_LISTEN", default_value = "127.0.0.1:9101")]
     metrics_listen: SocketAddr,
+    /// Verifier's OpenAI-compatible HTTP API listen address.
+    #[arg(long, env = "TANDEM_HTTP_LISTEN", default_value = "127.0.0.1:8000")]
+    http_listen: SocketAddr,
     /// Drafter gRPC listen address.
     #[arg(long, default_value = "127.0.0.1:50052")]
     drafter_listen: SocketAddr,
@@ -322,13 +334,30 @@ pub(crate) async fn listen(grpc: SocketAddr, metrics: SocketAddr) -> Result<List
         .map_err(|e| anyhow!("{e}"))
 }
 
+/// `listeners` plus the HTTP API's on `addr`, if any.
+async fn with_http(listeners: Listeners, addr: Option<SocketAddr>) -> Result<Listeners> {
+    match addr {
+        Some(addr) => listeners.with_http(addr).await.map_err(|e| anyhow!("{e}")),
+        None => Ok(listeners),
+    }
+}
+
+/// `, HTTP on ADDR` when `listeners` serve HTTP, for the announce lines.
+fn http_part(listeners: &Listeners) -> Result<String> {
+    Ok(match &listeners.http {
+        Some(l) => format!(", HTTP on {}", l.local_addr()?),
+        None => String::new(),
+    })
+}
+
 /// Prints the addresses `listeners` bound (port 0 asks the system for one), for operators
 /// and scripts.
 fn announce(what: &str, listeners: &Listeners) -> Result<()> {
     eprintln!(
-        "tandem {what}: gRPC on {}, metrics on {}",
+        "tandem {what}: gRPC on {}, metrics on {}{}",
         listeners.grpc.local_addr()?,
-        listeners.metrics.local_addr()?
+        listeners.metrics.local_addr()?,
+        http_part(listeners)?
     );
     Ok(())
 }
@@ -397,6 +426,7 @@ pub fn verifier(a: VerifierServeArgs) -> Result<()> {
     runtime()?.block_on(async move {
         let listeners = listen(a.listen, a.metrics_listen).await?;
         let listeners = a.tls.secure(listeners, Some(&a.auth)).await?;
+        let listeners = with_http(listeners, a.http_listen).await?;
         let settings = VerifierSettings {
             drafter_tls: a.drafter_tls.load()?,
             ..a.opts.settings(a.drafters)
@@ -418,6 +448,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         let d_listeners = listen(a.drafter_listen, a.drafter_metrics_listen).await?;
         let listeners = listen(a.listen, a.metrics_listen).await?;
         let listeners = a.tls.secure(listeners, Some(&a.auth)).await?;
+        let listeners = with_http(listeners, Some(a.http_listen)).await?;
         let scheme = listeners.security.scheme();
         let running = drafter.spawn(d_listeners).map_err(|e| anyhow!("{e}"))?;
         running.wait_serving(READY_WAIT).await.map_err(|e| anyhow!("{e}"))?;
@@ -425,8 +456,8 @@ pub fn up(a: UpArgs) -> Result<()> {
         let grpc = listeners.grpc.local_addr()?;
         let metrics = listeners.metrics.local_addr()?;
         eprintln!(
-            "tandem up: verifier on {grpc} (metrics {metrics}), drafter on {} (metrics {}); try\n  tandem generate --server {scheme}://{grpc} --prompt \"The capital of France is\"",
-            running.grpc, running.metrics
+            "tandem up: verifier on {grpc} (metrics {metrics}{}), drafter on {} (metrics {}); try\n  tandem generate --server {scheme}://{grpc} --prompt \"The capital of France is\"",
+            http_part(&listeners)?, running.grpc, running.metrics
         );
         let result = verifier.serve(listeners, shutdown_signal()).await;
         let drafter = running.shutdown().await;

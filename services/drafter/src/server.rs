@@ -52,6 +52,7 @@ impl Serve for Drafter {
             warm_up: Box::new(move || warm_up(proposer.as_ref())),
             drain: self.drain,
             grace,
+            http: None,
         }
     }
 }

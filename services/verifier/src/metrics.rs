@@ -343,3 +343,40 @@ impl VerifierMetrics {
         }
     }
 }
+
+/// The HTTP API's request counter, `tandem_http_requests_total{endpoint,status}`: endpoints
+/// are the API's few, statuses the few it answers with.
+pub struct HttpMetrics {
+    registry: Arc<Registry>,
+}
+
+const HTTP_REQUESTS: &str = "tandem_http_requests_total";
+const HTTP_REQUESTS_HELP: &str =
+    "HTTP API requests answered, by endpoint and status code (streams count at their start)";
+
+impl HttpMetrics {
+    /// The counter in `registry` (the series of successes exist from the start).
+    pub fn new(registry: &Arc<Registry>) -> Self {
+        let this = Self {
+            registry: Arc::clone(registry),
+        };
+        for endpoint in ["completions", "chat_completions"] {
+            this.counter(endpoint, 200).increment(0);
+        }
+        this
+    }
+
+    /// Counts one answer of `endpoint` with `status`.
+    pub fn request(&self, endpoint: &'static str, status: u16) {
+        self.counter(endpoint, status).increment(1);
+    }
+
+    fn counter(&self, endpoint: &'static str, status: u16) -> Counter {
+        let labels = [
+            ("endpoint", endpoint.to_string()),
+            ("status", status.to_string()),
+        ];
+        self.registry
+            .counter(HTTP_REQUESTS, HTTP_REQUESTS_HELP, &labels)
+    }
+}

@@ -1,7 +1,7 @@
 //! Assembling the verifier: [`Verifier::builder`] takes an engine and [`VerifierSettings`]
 //! and builds the whole service (metrics, the drafter pool with its refresh, admission, the
-//! Generation handlers); [`Serve::serve`] (tandem-serving) runs it with health, reflection,
-//! `/metrics`, a warm-up before SERVING and shutdown. The CLI and the tests assemble
+//! Generation handlers, the HTTP API's router); [`Serve::serve`] (tandem-serving) runs it
+//! with health, reflection, `/metrics`, a warm-up before SERVING and shutdown. The CLI and the tests assemble
 //! verifiers only through here.
 
 use std::ops::ControlFlow;
@@ -19,7 +19,7 @@ use tonic::service::Routes;
 use crate::admission::{Admission, Limits};
 use crate::error::VerifierError;
 use crate::generations::{Generations, ServiceParts, VerifierConfig};
-use crate::metrics::VerifierMetrics;
+use crate::metrics::{HttpMetrics, VerifierMetrics};
 use crate::pool::{DrafterPool, PoolConfig, Resolve, SystemResolver};
 use crate::remote::SessionOptions;
 use crate::request::RequestDefaults;
@@ -71,7 +71,12 @@ pub struct VerifierSettings {
     pub max_context: Option<usize>,
     /// TLS to the drafters (mutual with a client identity); `None`: plaintext.
     pub drafter_tls: Option<ClientTls>,
+    /// The model's name in the HTTP API (`model` of requests and of `/v1/models`).
+    pub served_model_name: String,
 }
+
+/// [`VerifierSettings::served_model_name`] unless the operator names it.
+pub const DEFAULT_SERVED_MODEL_NAME: &str = "gemma-3-270m";
 
 impl Default for VerifierSettings {
     fn default() -> Self {
@@ -93,6 +98,7 @@ impl Default for VerifierSettings {
             snapshot_chunk_bytes: 1 << 20,
             max_context: None,
             drafter_tls: None,
+            served_model_name: DEFAULT_SERVED_MODEL_NAME.to_string(),
         }
     }
 }
@@ -103,6 +109,7 @@ pub struct Verifier {
     registry: Arc<Registry>,
     drain: Arc<Drain>,
     grace: Duration,
+    http: axum::Router,
 }
 
 /// Builds a [`Verifier`].
@@ -138,6 +145,7 @@ impl Serve for Verifier {
             warm_up: Box::new(move || warm_up(warm.engine())),
             drain: self.drain,
             grace: self.grace,
+            http: Some(self.http),
         }
     }
 }
@@ -204,6 +212,7 @@ impl VerifierBuilder {
             slow_client_timeout: s.slow_client_timeout,
         };
         let drain = Drain::new();
+        let http_metrics = Arc::new(HttpMetrics::new(&registry));
         let core = Generations::new(ServiceParts {
             engine,
             pool,
@@ -212,7 +221,9 @@ impl VerifierBuilder {
             admission,
             drain: Arc::clone(&drain),
         });
+        let http = crate::http::router(Arc::clone(&core), &s.served_model_name, http_metrics);
         Ok(Verifier {
+            http,
             core,
             registry,
             drain,

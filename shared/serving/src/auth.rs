@@ -1,6 +1,7 @@
-//! Bearer-token authentication of a service's clients: every call but the health checks
-//! (probes carry no token) must send `authorization: Bearer <token>` with one of the
-//! operator's tokens, else it ends UNAUTHENTICATED before reaching the service. Tokens
+//! Bearer-token authentication of a service's clients, over gRPC and HTTP: every call but
+//! the health checks (probes carry no token) must send `authorization: Bearer <token>`
+//! with one of the operator's tokens, else it ends UNAUTHENTICATED (HTTP 401) before
+//! reaching the service. Tokens
 //! come from a file (one per line; blank and `#` lines skipped), such as a Kubernetes
 //! Secret mounted as a file. Comparison is in constant time over SHA-256 digests, so
 //! neither a token's bytes nor its length leak through timing. Each refusal counts in
@@ -114,21 +115,39 @@ impl Auth {
         if req.uri().path().starts_with(OPEN_PREFIX) {
             return Ok(());
         }
-        let refusal = match req.headers().get(http::header::AUTHORIZATION) {
+        self.authorize_with(tokens, req.headers(), req.uri().path())
+    }
+
+    /// Whether a call to `path` with `headers` carries an accepted token (always, without
+    /// tokens); a refusal is counted and logged.
+    pub(crate) fn authorize(&self, headers: &http::HeaderMap, path: &str) -> Result<(), Status> {
+        match &self.tokens {
+            Some(tokens) => self.authorize_with(tokens, headers, path),
+            None => Ok(()),
+        }
+    }
+
+    fn authorize_with(
+        &self,
+        tokens: &Tokens,
+        headers: &http::HeaderMap,
+        path: &str,
+    ) -> Result<(), Status> {
+        let refusal = match headers.get(http::header::AUTHORIZATION) {
             None => Refusal::Missing,
             Some(value) => match bearer(value.as_bytes()) {
                 Some(token) if tokens.accepts(token) => return Ok(()),
                 _ => Refusal::Invalid,
             },
         };
-        Err(self.refuse(refusal, req.uri().path()))
+        Err(self.refuse(refusal, path))
     }
 
     fn refuse(&self, refusal: Refusal, path: &str) -> Status {
         let (counter, message) = match refusal {
             Refusal::Missing => (
                 &self.missing,
-                "missing bearer token: send the metadata `authorization: Bearer <token>`",
+                "missing bearer token: send `authorization: Bearer <token>` (gRPC metadata or HTTP header)",
             ),
             Refusal::Invalid => (&self.invalid, "invalid bearer token"),
         };

@@ -6,12 +6,15 @@
 //! stops the server with its error. Both sides of every connection send HTTP/2 keepalive
 //! pings, so a peer that vanishes without closing is noticed. A server may be secured
 //! ([`Security`]: TLS, mutual TLS, bearer tokens) and may answer health on a plaintext probe
-//! listener too. [`spawn`] runs one in the background with a handle that stops it on drop,
+//! listener too, and may serve an HTTP router beside gRPC ([`Listeners::with_http`], behind
+//! the same tokens and drain). [`spawn`] runs one in the background with a handle that stops it on drop,
 //! as `tandem up` and the end-to-end tests do, or kills it ([`Running::kill`]: every
 //! connection closed at once, no drain), as `tandem bench soak` does to a drafter.
 
 mod auth;
 mod drain;
+mod http;
+mod http_tls;
 mod kill;
 mod security;
 mod tls;
@@ -19,7 +22,9 @@ mod tls;
 pub use auth::Tokens;
 pub use drain::{Drain, Drained, InFlight};
 pub use security::Security;
-pub use tls::{endpoint, ClientTls, ClientTlsFiles, KeyPair, SecurityError, ServerTlsFiles};
+pub use tls::{
+    endpoint, ClientTls, ClientTlsFiles, KeyPair, SecurityError, ServerTls, ServerTlsFiles,
+};
 
 use kill::Kill;
 
@@ -46,7 +51,7 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 /// Longest wait for a keepalive ping's answer before the connection is closed.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connections may stay open after the drain before the server closes them.
-const LINGER: Duration = Duration::from_secs(2);
+pub(crate) const LINGER: Duration = Duration::from_secs(2);
 
 /// Errors of starting or running a server.
 pub type ServeError = Box<dyn std::error::Error + Send + Sync>;
@@ -65,6 +70,8 @@ pub struct Listeners {
     pub security: Security,
     /// Plaintext `grpc.health.v1` only, for probes that cannot speak TLS.
     pub probe: Option<TcpListener>,
+    /// The app's HTTP router (when it has one), secured like gRPC.
+    pub http: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -80,6 +87,7 @@ impl Listeners {
             metrics: bind(metrics, "metrics").await?,
             security: Security::default(),
             probe: None,
+            http: None,
         })
     }
 
@@ -95,6 +103,17 @@ impl Listeners {
             .map_err(|e| format!("cannot listen on {addr} (health probe): {e}"))?;
         Ok(Self {
             probe: Some(probe),
+            ..self
+        })
+    }
+
+    /// The listeners plus one on `addr` for the app's HTTP router.
+    pub async fn with_http(self, addr: SocketAddr) -> Result<Self, ServeError> {
+        let http = TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr} (HTTP): {e}"))?;
+        Ok(Self {
+            http: Some(http),
             ..self
         })
     }
@@ -115,6 +134,8 @@ pub struct App {
     pub drain: Arc<Drain>,
     /// Longest wait for work in flight once a shutdown began.
     pub grace: Duration,
+    /// HTTP routes, served when the listeners have an HTTP listener.
+    pub http: Option<axum::Router>,
 }
 
 /// A service this crate can run: it hands over its routes, metrics and warm-up, and gets
@@ -166,6 +187,14 @@ async fn serve_killable(
         .build_v1()?;
     let mut builder = listeners.security.server(&app.registry)?;
     let (stop_tx, stop_rx) = watch::channel(false);
+    let ready = http::Ready::default();
+    let web = http::start(
+        (listeners.http, app.http),
+        &listeners.security,
+        &app.registry,
+        ready.clone(),
+        stopped(stop_tx.subscribe()),
+    )?;
     let metrics = tokio::spawn(serve_metrics(
         listeners.metrics,
         app.registry,
@@ -175,7 +204,7 @@ async fn serve_killable(
         .probe
         .map(|l| security::serve_probe(l, health.clone(), stopped(stop_tx.subscribe())));
     let name = app.name;
-    let mut failed_rx = warm(app.warm_up, reporter.clone(), name);
+    let mut failed_rx = warm(app.warm_up, reporter.clone(), name, ready.clone());
     tracing::info!("{name} listening on {}", listeners.grpc.local_addr()?);
     let mut warm_error = None;
     let (closing, closed) = oneshot::channel::<()>();
@@ -190,7 +219,10 @@ async fn serve_killable(
                 .map(move |io| io.map(|io| kill.wrap(io))),
             async {
                 tokio::select! {
-                    () = shutdown => drain(&reporter, name, &app.drain, app.grace).await,
+                    () = shutdown => {
+                        ready.set(false);
+                        drain(&reporter, name, &app.drain, app.grace).await
+                    }
                     Ok(e) = &mut failed_rx => {
                         tracing::error!("{name} warm-up failed: {e}");
                         warm_error = Some(e);
@@ -207,6 +239,9 @@ async fn serve_killable(
         }
     };
     let _ = stop_tx.send(true);
+    if let Some(web) = web {
+        http_stopped(web).await?;
+    }
     metrics.await??;
     if let Some(probe) = probe {
         probe.await??;
@@ -237,6 +272,19 @@ async fn drain(reporter: &HealthReporter, name: &'static str, drain: &Drain, gra
     }
 }
 
+/// Waits for the HTTP server to close its connections, at most [`LINGER`] (then they are
+/// closed).
+async fn http_stopped(mut web: JoinHandle<std::io::Result<()>>) -> Result<(), ServeError> {
+    match tokio::time::timeout(LINGER, &mut web).await {
+        Ok(done) => Ok(done??),
+        Err(_) => {
+            tracing::warn!("HTTP connections still open {LINGER:?} after the drain; closing them");
+            web.abort();
+            Ok(())
+        }
+    }
+}
+
 /// Resolves [`LINGER`] after the drain ended (never when it did not).
 async fn linger(closed: oneshot::Receiver<()>) {
     match closed.await {
@@ -251,6 +299,7 @@ fn warm(
     warm_up: WarmUp,
     reporter: HealthReporter,
     name: &'static str,
+    ready: http::Ready,
 ) -> oneshot::Receiver<String> {
     let (failed, rx) = oneshot::channel();
     tokio::spawn(async move {
@@ -265,6 +314,7 @@ fn warm(
                         .set_service_status(service, ServingStatus::Serving)
                         .await;
                 }
+                ready.set(true);
                 tracing::info!("{name} warmed up: SERVING");
             }
             Err(e) => drop(failed.send(e)),
@@ -283,6 +333,8 @@ pub struct Running {
     pub grpc: SocketAddr,
     /// Its `/metrics` address.
     pub metrics: SocketAddr,
+    /// Its HTTP address, when it serves HTTP.
+    pub http: Option<SocketAddr>,
     scheme: &'static str,
     stop: watch::Sender<bool>,
     kill: Kill,
@@ -295,6 +347,11 @@ pub fn spawn(app: App, listeners: Listeners) -> Result<Running, ServeError> {
         listeners.grpc.local_addr()?,
         listeners.metrics.local_addr()?,
     );
+    let http = listeners
+        .http
+        .as_ref()
+        .map(|l| l.local_addr())
+        .transpose()?;
     let scheme = listeners.security.scheme();
     let (stop, rx) = watch::channel(false);
     let kill = Kill::default();
@@ -302,6 +359,7 @@ pub fn spawn(app: App, listeners: Listeners) -> Result<Running, ServeError> {
     Ok(Running {
         grpc,
         metrics,
+        http,
         scheme,
         stop,
         kill,

@@ -10,18 +10,18 @@ use tandem_telemetry::Registry;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Server, ServerTlsConfig};
+use tonic::transport::Server;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tower::layer::util::{Identity, Stack};
 
 use crate::auth::{Auth, AuthLayer, Tokens};
-use crate::ServeError;
+use crate::{ServeError, ServerTls};
 
 /// How a server is secured; the default is plaintext and open (`tandem up`'s).
 #[derive(Clone, Default)]
 pub struct Security {
     /// TLS (mutual when it has a client CA); `None`: plaintext.
-    pub tls: Option<ServerTlsConfig>,
+    pub tls: Option<ServerTls>,
     /// Bearer tokens every call but health checks must carry; `None`: open.
     pub tokens: Option<Arc<Tokens>>,
 }
@@ -36,7 +36,7 @@ impl Security {
             .http2_keepalive_interval(Some(crate::KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(crate::KEEPALIVE_TIMEOUT));
         if let Some(tls) = &self.tls {
-            server = server.tls_config(tls.clone())?;
+            server = server.tls_config(tls.grpc.clone())?;
         }
         let auth = Auth::new(self.tokens.clone(), registry);
         Ok(server.layer(AuthLayer(auth)))

@@ -17,6 +17,7 @@ fn app(warm_up: WarmUp) -> App {
         warm_up,
         drain: Drain::new(),
         grace: Duration::from_secs(5),
+        http: None,
     }
 }
 

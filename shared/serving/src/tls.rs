@@ -60,9 +60,25 @@ pub struct ServerTlsFiles {
     pub client_ca: Option<PathBuf>,
 }
 
+/// A server's TLS, loaded: for its gRPC listener and for its HTTP listener.
+#[derive(Clone)]
+pub struct ServerTls {
+    /// gRPC's (tonic).
+    pub grpc: ServerTlsConfig,
+    /// HTTP's (rustls), the same certificate and client CA.
+    pub http: std::sync::Arc<tokio_rustls::rustls::ServerConfig>,
+}
+
 impl ServerTlsFiles {
     /// Reads and checks the files.
-    pub fn load(&self) -> Result<ServerTlsConfig, SecurityError> {
+    pub fn load(&self) -> Result<ServerTls, SecurityError> {
+        Ok(ServerTls {
+            grpc: self.load_grpc()?,
+            http: crate::http_tls::config(self)?,
+        })
+    }
+
+    fn load_grpc(&self) -> Result<ServerTlsConfig, SecurityError> {
         let mut config = ServerTlsConfig::new().identity(self.identity.identity()?);
         if let Some(ca) = &self.client_ca {
             config = config.client_ca_root(certificates(ca, "client CA")?);

@@ -40,8 +40,8 @@ pub fn assert_one_line_error(out: &Output, needle: &str) {
     assert!(!err.contains("panicked"), "{err}");
 }
 
-/// Starts `tandem up` with `drafter` on ports the OS picks (every listener on 127.0.0.1:0)
-/// and `extra` flags; returns the process and the banner it prints once serving
+/// Starts `tandem up` with `drafter` on ports the OS picks (every listener on 127.0.0.1:0,
+/// the HTTP API's included) and `extra` flags; returns the process and the banner it prints once serving
 /// (`tandem up: verifier on A (metrics B), ...`).
 pub fn start_up(drafter: &str, extra: &[&str]) -> (Child, String) {
     let any = "127.0.0.1:0";
@@ -54,6 +54,8 @@ pub fn start_up(drafter: &str, extra: &[&str]) -> (Child, String) {
         "--drafter-listen",
         any,
         "--drafter-metrics-listen",
+        any,
+        "--http-listen",
         any,
         "--drafter",
         drafter,
