@@ -13,7 +13,7 @@ mod common;
 use std::path::PathBuf;
 use std::process::{Child, Output};
 
-use common::{announced, start_up, stderr, stop_up, tandem};
+use common::{announced, start_up, stderr, stop_up, tandem, wait_healthy};
 
 /// Prompts and token budgets of the greedy comparisons (small: the run stays short).
 const GREEDY: [(&str, usize); 2] = [("The capital of France is", 16), ("def fibonacci(n):", 24)];
@@ -84,7 +84,9 @@ fn the_openai_client_drives_the_http_api_and_greedy_text_equals_grpc_and_plain()
     let (child, banner) = start_up("shipped", &[]);
     let mut up = Running(Some(child));
     let grpc = format!("http://{}", announced(&banner, "verifier on "));
-    let base = format!("http://{}/v1", announced(&banner, "HTTP on "));
+    let http = announced(&banner, "HTTP on ");
+    wait_healthy(&http);
+    let base = format!("http://{http}/v1");
     eprintln!("{banner}\nclient: {}", python.display());
 
     let checks = check_openai(&[&base]);

@@ -7,30 +7,17 @@ mod common;
 
 use std::process::Stdio;
 
-use common::{announced, assert_one_line_error, command, start_up, stderr, stop_up, tandem};
+use common::{
+    announced, assert_one_line_error, command, start_up, stderr, stop_up, tandem, wait_healthy,
+};
 use tandem_testkit::Pki;
-
-/// The status of a plain HTTP/1.1 GET of `path` at `addr`.
-fn get_status(addr: &str, path: &str) -> u16 {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).expect("read");
-    let status = answer.split(' ').nth(1).and_then(|c| c.parse().ok());
-    status.unwrap_or_else(|| panic!("no HTTP answer: {answer:?}"))
-}
 
 #[test]
 fn up_serves_a_client_on_the_ports_it_prints_and_stops_on_sigterm() {
     let (up, banner) = start_up("random", &[]);
     let addr = announced(&banner, "verifier on ");
     let http = announced(&banner, "HTTP on ");
-    assert_eq!(get_status(&http, "/health"), 200, "HTTP on {http}");
+    wait_healthy(&http);
     let url = format!("http://{addr}");
     let args = [
         "--server",

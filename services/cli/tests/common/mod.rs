@@ -110,3 +110,31 @@ pub fn stop_up(mut up: Child) {
         "tandem up ends cleanly on SIGTERM: {status}"
     );
 }
+
+/// The status of a plain HTTP/1.1 GET of `path` at `addr`.
+pub fn get_status(addr: &str, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read");
+    let status = answer.split(' ').nth(1).and_then(|c| c.parse().ok());
+    status.unwrap_or_else(|| panic!("no HTTP answer: {answer:?}"))
+}
+
+/// Waits until `GET /health` at `addr` answers 200: the HTTP API says 503 until the warm-up
+/// ends, which is after the banner. Fails after 60 s.
+pub fn wait_healthy(addr: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while get_status(addr, "/health") != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "HTTP on {addr}: /health not 200 within 60 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
