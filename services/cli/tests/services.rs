@@ -58,6 +58,19 @@ fn start_up(extra: &[&str]) -> (Child, String, String) {
     (up, addr.to_string(), http.to_string())
 }
 
+/// Waits (up to a minute) until `GET /health` at `addr` answers 200: 503 while the
+/// verifier warms up.
+fn wait_healthy(addr: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while get_status(addr, "/health") != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "HTTP on {addr} never healthy"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// The status of a plain HTTP/1.1 GET of `path` at `addr`.
 fn get_status(addr: &str, path: &str) -> u16 {
     use std::io::{Read, Write};
@@ -90,7 +103,7 @@ fn stop_up(mut up: Child) {
 #[test]
 fn up_serves_a_client_on_the_ports_it_prints_and_stops_on_sigterm() {
     let (up, addr, http) = start_up(&[]);
-    assert_eq!(get_status(&http, "/health"), 200, "HTTP on {http}");
+    wait_healthy(&http);
     let url = format!("http://{addr}");
     let args = [
         "--server",
