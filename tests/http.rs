@@ -3,7 +3,8 @@
 //! Generate and plain decoding with speculation on; stop strings, `max_tokens`,
 //! log-probabilities, seeds and `n`; models, tokenize, detokenize and health; bad requests
 //! answered in OpenAI's error shape with the right status, counted by endpoint and status;
-//! HTTPS with bearer tokens (401 in OpenAI's shape, counted; health open).
+//! HTTPS with bearer tokens (401 in OpenAI's shape, counted; health open); a draining
+//! server finishes a running stream and refuses new requests with 503.
 #![allow(clippy::unwrap_used)]
 
 use std::net::SocketAddr;
@@ -381,6 +382,13 @@ async fn models_tokenize_and_bad_requests_in_openai_shape() {
         413,
         "a 5 MiB body",
     );
+    let timeout = [
+        ("content-type", "application/json"),
+        ("x-request-timeout-ms", "1"),
+    ];
+    let body = completion(PROMPT, json!({})).to_string();
+    let late = raw(addr, "POST", c, &timeout, body.as_bytes()).await;
+    assert_eq!(refused(&late, 504, "a 1 ms deadline")["type"], "timeout");
     refused(&get(addr, c).await, 405, "GET on a POST route");
     refused(&get(addr, "/v2/nothing").await, 404, "an unknown route");
 
@@ -396,6 +404,7 @@ async fn models_tokenize_and_bad_requests_in_openai_shape() {
     assert_eq!(count("tokenize", "200"), 1.0);
     assert!(count("completions", "400") >= 6.0);
     assert_eq!(count("completions", "413"), 1.0);
+    assert_eq!(count("completions", "504"), 1.0);
     assert_eq!(count("chat_completions", "400"), 4.0);
     assert_eq!(count("models", "404"), 1.0);
 }
@@ -472,4 +481,32 @@ async fn plaintext_answer(addr: SocketAddr) -> String {
     let mut answer = Vec::new();
     let _ = tcp.read_to_end(&mut answer).await;
     String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_draining_server_finishes_its_stream_and_refuses_new_requests() {
+    let v = verifier(Vec::new()).await;
+    let addr = v.http.unwrap();
+    let body = completion(PROMPT, json!({"max_tokens": 96, "stream": true}));
+    let running = tokio::spawn(async move { post(addr, "/v1/completions", &body).await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    v.stop();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let e = refused(
+        &post(addr, "/v1/completions", &completion(PROMPT, json!({}))).await,
+        503,
+        "draining",
+    );
+    assert_eq!(e["type"], "service_unavailable");
+    assert_eq!(
+        get(addr, "/health").await.status,
+        503,
+        "health while draining"
+    );
+    let events = chunks(&running.await.unwrap());
+    let last = events.last().unwrap();
+    assert_eq!(
+        last["choices"][0]["finish_reason"], "length",
+        "the stream ran to its end"
+    );
 }
