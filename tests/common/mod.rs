@@ -1,8 +1,11 @@
 //! Shared harness of the end-to-end tests: the real Gemma 3 270M (fetched by
 //! scripts/fetch-models.sh; tests never download), a randomly initialised DSpark drafter,
 //! and real drafter and verifier servers on 127.0.0.1:0 with their /metrics endpoints,
-//! plaintext and open or secured ([`Secure`]: TLS, mutual TLS, bearer tokens).
+//! plaintext and open or secured ([`Secure`]: TLS, mutual TLS, bearer tokens), a
+//! verifier's OpenAI-compatible HTTP API among them ([`http`]: a raw HTTP/1.1 client).
 #![allow(missing_docs, clippy::unwrap_used)]
+
+pub mod http;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -57,6 +60,8 @@ pub struct Node {
     pub url: String,
     /// /metrics address.
     pub metrics: SocketAddr,
+    /// HTTP API address, when it serves one.
+    pub http: Option<SocketAddr>,
     running: Running,
 }
 
@@ -84,6 +89,7 @@ impl Node {
         Node {
             url: running.url(),
             metrics: running.metrics,
+            http: running.http,
             running,
         }
     }
@@ -181,6 +187,8 @@ pub struct VerifierSetup {
     pub drafter_tls: Option<ClientTls>,
     /// The verifier's own listener.
     pub secure: Secure,
+    /// Serve the HTTP API too (on 127.0.0.1, a port the OS picks).
+    pub http: bool,
 }
 
 impl Default for VerifierSetup {
@@ -196,6 +204,7 @@ impl Default for VerifierSetup {
             max_queued: None,
             drafter_tls: None,
             secure: Secure::default(),
+            http: false,
         }
     }
 }
@@ -241,8 +250,13 @@ pub async fn start_verifier(setup: VerifierSetup) -> Node {
 /// Starts a verifier over `engine`.
 pub async fn start_verifier_for(engine: Engine, mut setup: VerifierSetup) -> Node {
     let secure = std::mem::take(&mut setup.secure);
+    let http = setup.http;
     let verifier = build_verifier(engine, setup).await.expect("verifier");
-    let listeners = listeners("127.0.0.1").await.with_security(secure.security);
+    let mut listeners = listeners("127.0.0.1").await.with_security(secure.security);
+    if http {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        listeners = listeners.with_http(any).await.expect("an HTTP listener");
+    }
     let running = verifier.spawn(listeners).expect("spawn");
     Node::ready(running, secure.client.as_ref()).await
 }

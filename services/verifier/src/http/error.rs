@@ -171,3 +171,29 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
         Ok(Self(value))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_core_status_has_its_http_status() {
+        for (status, http) in [
+            (Status::invalid_argument("x"), 400),
+            (Status::not_found("x"), 404),
+            (Status::unauthenticated("x"), 401),
+            (Status::resource_exhausted("x"), 429),
+            (Status::unavailable("x"), 503),
+            (Status::deadline_exceeded("x"), 504),
+            (Status::internal("x"), 500),
+            (Status::aborted("x"), 500),
+        ] {
+            let code = status.code();
+            let e = ApiError::from(status);
+            assert_eq!(e.status.as_u16(), http, "{code:?}");
+            let body = serde_json::to_value(e.body()).expect("JSON");
+            assert_eq!(body["error"]["message"], "x");
+            assert!(body["error"]["type"].is_string());
+        }
+    }
+}
