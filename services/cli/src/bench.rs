@@ -42,6 +42,9 @@ enum BenchKind {
     /// cancellations, slow readers, bad requests, deadlines and a drafter killed midway;
     /// fails on unexpected errors, lost generations, gauges not back at 0 or RSS growth.
     Soak(crate::bench_soak::SoakArgs),
+    /// What the OpenAI-compatible HTTP API costs a generation: the same greedy requests
+    /// through gRPC and HTTP on loopback, paired.
+    Http(crate::bench_http::HttpArgs),
     /// Draws the chart of a saved `bench speculative` JSON report again.
     Chart(crate::chart::ChartArgs),
 }
@@ -114,7 +117,7 @@ pub(crate) fn write_json(path: &std::path::Path, report: &impl Serialize) -> Res
         .with_context(|| format!("writing {}", path.display()))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -126,6 +129,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchKind::Speculative(a) => crate::bench_spec::run(a),
         BenchKind::Ab(a) => crate::bench_ab::run(a),
         BenchKind::Soak(a) => crate::bench_soak::run(a),
+        BenchKind::Http(a) => crate::bench_http::run(a),
         BenchKind::Chart(a) => crate::chart::redraw(a),
     }
 }

@@ -18,8 +18,9 @@ use crate::models::ModelArgs;
 use crate::serve;
 use crate::{client, loopback};
 
-/// Prompts of the measurement.
-const PROMPTS: [&str; 8] = [
+/// Prompts of the measurement (prose, code, a letter, a question, a recipe; also `bench
+/// http`'s).
+pub(crate) const PROMPTS: [&str; 8] = [
     "The history of computing is a story of",
     "fn main() {\n    let mut total = 0;\n",
     "The three laws of thermodynamics are",

@@ -1,6 +1,7 @@
 //! Drafters and a verifier served on loopback inside this process, talking real gRPC: what
 //! the benches use to measure speculation through the services, and what `tandem bench
-//! soak` loads (two drafters, one of them killed and started again on its address).
+//! soak` loads (two drafters, one of them killed and started again on its address). The
+//! verifier serves its OpenAI-compatible HTTP API too (`tandem bench http`).
 
 use std::net::{Ipv4Addr, SocketAddr};
 
@@ -16,6 +17,7 @@ use crate::serve::{self, DrafterOptions, READY_WAIT};
 /// Running loopback services; all stop when this is dropped, so it must outlive their use.
 pub struct Loopback {
     url: String,
+    http: SocketAddr,
     engine: Engine,
     verifier: Running,
     drafters: Vec<Option<Running>>,
@@ -26,6 +28,11 @@ impl Loopback {
     /// The verifier's gRPC address (`http://127.0.0.1:port`).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The verifier's HTTP API address.
+    pub fn http(&self) -> SocketAddr {
+        self.http
     }
 
     /// The verifier's engine (the same target, for in-process comparisons).
@@ -100,14 +107,18 @@ pub async fn start_with(
     };
     let verifier = serve::verifier_server(models, settings).await?;
     let engine = verifier.engine().clone();
-    let v = verifier
-        .spawn(serve::listen(any, any).await?)
+    let listeners = serve::listen(any, any)
+        .await?
+        .with_http(any)
+        .await
         .map_err(|e| anyhow!("{e}"))?;
+    let v = verifier.spawn(listeners).map_err(|e| anyhow!("{e}"))?;
     v.wait_serving(READY_WAIT)
         .await
         .map_err(|e| anyhow!("{e}"))?;
     Ok(Loopback {
         url: v.url(),
+        http: v.http.context("the verifier serves no HTTP")?,
         engine,
         verifier: v,
         drafter_addrs: running.iter().map(|d| d.grpc).collect(),

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_ab;
+mod bench_http;
 mod bench_rpc;
 mod bench_soak;
 mod bench_spec;
@@ -11,6 +12,7 @@ mod client;
 mod controls;
 mod drafter;
 mod generate;
+mod http_client;
 mod loopback;
 mod models;
 mod prompt_sets;

@@ -6,6 +6,7 @@
 //! random checkpoints of the transformers goldens: its calibration file is written beside
 //! it and the held-out error falls.
 
+#[allow(dead_code)]
 mod common;
 
 use std::path::Path;

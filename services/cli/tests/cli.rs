@@ -2,6 +2,7 @@
 //! scripts/fetch-models.sh): generation streams text and reports speed; bad input gives one
 //! clear line and a non-zero exit, never a panic; the benches write their reports.
 
+#[allow(dead_code)]
 mod common;
 
 use std::process::Output;

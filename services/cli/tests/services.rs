@@ -5,12 +5,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 
-use common::{assert_one_line_error, command, stderr, tandem};
+use common::{
+    announced, assert_one_line_error, command, start_up, stderr, stop_up, tandem, wait_healthy,
+};
 use tandem_testkit::Pki;
 
+<<<<<<< HEAD
 /// Starts `tandem up` on ports the OS picks with `extra` flags; returns the process and
 /// the verifier's gRPC and HTTP addresses its banner prints.
 fn start_up(extra: &[&str]) -> (Child, String, String) {
@@ -103,6 +105,13 @@ fn stop_up(mut up: Child) {
 #[test]
 fn up_serves_a_client_on_the_ports_it_prints_and_stops_on_sigterm() {
     let (up, addr, http) = start_up(&[]);
+=======
+#[test]
+fn up_serves_a_client_on_the_ports_it_prints_and_stops_on_sigterm() {
+    let (up, banner) = start_up("random", &[]);
+    let addr = announced(&banner, "verifier on ");
+    let http = announced(&banner, "HTTP on ");
+>>>>>>> openai-tests
     wait_healthy(&http);
     let url = format!("http://{addr}");
     let args = [
@@ -135,7 +144,12 @@ fn up_with_tls_and_a_token_file_serves_only_clients_with_the_ca_and_a_token() {
         "--token-file",
         &tokens,
     ];
+<<<<<<< HEAD
     let (up, addr, _) = start_up(&flags);
+=======
+    let (up, banner) = start_up("random", &flags);
+    let addr = announced(&banner, "verifier on ");
+>>>>>>> openai-tests
     let url = format!("https://{addr}");
     let ca = path(&pki.ca);
     let args = [
