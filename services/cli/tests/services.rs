@@ -1,5 +1,5 @@
-//! `tandem up` and the services' security flags as real processes: `tandem up` serves
-//! gRPC and HTTP on the ports it prints and stops on SIGTERM; with TLS and a token file it serves only
+//! `tandem up` and the services' security flags as real processes: `tandem up` serves on
+//! the ports it prints and stops on SIGTERM; with TLS and a token file it serves only
 //! clients with the CA and a token; a drafter and a verifier process draft over mutual TLS;
 //! unusable TLS files are one clear line before the model loads.
 
@@ -12,106 +12,11 @@ use common::{
 };
 use tandem_testkit::Pki;
 
-<<<<<<< HEAD
-/// Starts `tandem up` on ports the OS picks with `extra` flags; returns the process and
-/// the verifier's gRPC and HTTP addresses its banner prints.
-fn start_up(extra: &[&str]) -> (Child, String, String) {
-    let any = "127.0.0.1:0";
-    let mut args = vec![
-        "up",
-        "--listen",
-        any,
-        "--metrics-listen",
-        any,
-        "--drafter-listen",
-        any,
-        "--drafter-metrics-listen",
-        any,
-        "--http-listen",
-        any,
-        "--drafter",
-        "random",
-    ];
-    args.extend_from_slice(extra);
-    let mut up = command(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start tandem up");
-    let mut lines = BufReader::new(up.stderr.take().expect("stderr")).lines();
-    let banner = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find(|l| l.starts_with("tandem up: verifier on "))
-        .expect("the banner");
-    std::thread::spawn(move || lines.for_each(drop));
-    let addr = banner["tandem up: verifier on ".len()..]
-        .split(' ')
-        .next()
-        .expect("an address");
-    let http = banner
-        .split_once(", HTTP on ")
-        .and_then(|(_, rest)| rest.split(')').next())
-        .expect("the HTTP address");
-    assert!(
-        !addr.ends_with(":0") && !http.ends_with(":0"),
-        "the bound ports, not the asked ones: {banner}"
-    );
-    (up, addr.to_string(), http.to_string())
-}
-
-/// Waits (up to a minute) until `GET /health` at `addr` answers 200: 503 while the
-/// verifier warms up.
-fn wait_healthy(addr: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while get_status(addr, "/health") != 200 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "HTTP on {addr} never healthy"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-}
-
-/// The status of a plain HTTP/1.1 GET of `path` at `addr`.
-fn get_status(addr: &str, path: &str) -> u16 {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).expect("read");
-    let status = answer.split(' ').nth(1).and_then(|c| c.parse().ok());
-    status.unwrap_or_else(|| panic!("no HTTP answer: {answer:?}"))
-}
-
-/// Stops `up` with SIGTERM; it must end cleanly.
-fn stop_up(mut up: Child) {
-    let term = std::process::Command::new("kill")
-        .args(["-TERM", &up.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(term.success());
-    let status = up.wait().expect("wait");
-    assert!(
-        status.success(),
-        "tandem up ends cleanly on SIGTERM: {status}"
-    );
-}
-
-#[test]
-fn up_serves_a_client_on_the_ports_it_prints_and_stops_on_sigterm() {
-    let (up, addr, http) = start_up(&[]);
-=======
 #[test]
 fn up_serves_a_client_on_the_ports_it_prints_and_stops_on_sigterm() {
     let (up, banner) = start_up("random", &[]);
     let addr = announced(&banner, "verifier on ");
     let http = announced(&banner, "HTTP on ");
->>>>>>> openai-tests
     wait_healthy(&http);
     let url = format!("http://{addr}");
     let args = [
@@ -144,12 +49,8 @@ fn up_with_tls_and_a_token_file_serves_only_clients_with_the_ca_and_a_token() {
         "--token-file",
         &tokens,
     ];
-<<<<<<< HEAD
-    let (up, addr, _) = start_up(&flags);
-=======
     let (up, banner) = start_up("random", &flags);
     let addr = announced(&banner, "verifier on ");
->>>>>>> openai-tests
     let url = format!("https://{addr}");
     let ca = path(&pki.ca);
     let args = [
