@@ -1,7 +1,8 @@
 //! The gRPC API's sampling controls and calls beyond Generate, end to end over real sockets
 //! with the real Gemma 3 270M and two drafters: penalties, min_tokens, stop token ids and
 //! log-probabilities through a speculating verifier equal the in-process plain generation;
-//! the unary call equals the stream; chat prompts are the rendered template; Tokenize and
+//! the unary call equals the stream; a seeded sampled request repeats its text with or
+//! without speculation; chat prompts are the rendered template; Tokenize and
 //! Detokenize round-trip; out-of-range controls are refused with INVALID_ARGUMENT naming
 //! the field.
 #![allow(clippy::unwrap_used)]
@@ -110,9 +111,33 @@ async fn controls_unary_chat_and_tokenizer_calls_through_the_services() {
             pb::FinishReason::Stop as i32
         );
     }
+    check_seeded(&mut c).await;
     check_chat(&mut c).await;
     check_tokenizer_calls(&mut c).await;
     check_refusals(&mut c).await;
+}
+
+/// A seeded sampled request gives one text, speculating or not, every time.
+async fn check_seeded(c: &mut Client) {
+    let sampled = |seed: u64, speculative: bool| pb::GenerateRequest {
+        sampling: Some(pb::SamplingParams {
+            temperature: Some(0.9),
+            seed: Some(seed),
+            ..Default::default()
+        }),
+        ..request("Once upon a time,", 24, speculative)
+    };
+    let mut texts = Vec::new();
+    for (seed, speculative) in [(4, true), (4, true), (4, false), (5, true)] {
+        let out = c.generate_unary(sampled(seed, speculative)).await.unwrap();
+        let out = out.into_inner();
+        let spec = out.finished.unwrap().speculation.unwrap();
+        assert!(!speculative || spec.drafts > 0, "{spec:?}");
+        texts.push(out.token_ids);
+    }
+    assert_eq!(texts[0], texts[1]);
+    assert_eq!(texts[0], texts[2], "the seed's text without speculation");
+    assert_ne!(texts[0], texts[3], "another seed");
 }
 
 async fn check_chat(c: &mut Client) {

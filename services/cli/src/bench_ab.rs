@@ -231,6 +231,7 @@ fn arm_name(drafter: &str, off: [bool; 2], verification: Verification) -> String
     notes.push(match verification {
         Verification::Block => "block verification",
         Verification::Token => "token-wise verification",
+        Verification::Seeded => "seeded verification",
     });
     format!("{drafter} ({})", notes.join(", "))
 }

@@ -3,7 +3,7 @@
 //! the request leaves unset. The checks that need the target (prompt length, ids in the
 //! vocabulary, sampling ranges) are the engine's plan's.
 
-use tandem_core::Verification;
+use tandem_core::{SamplingParams, Verification};
 use tandem_engine::GenerationRequest;
 use tandem_proto::codec::{penalties_from_pb, sampling_from_pb, verification_from_pb};
 use tandem_proto::v1 as pb;
@@ -42,7 +42,7 @@ pub fn generation_request(
     tokenizer: &GemmaTokenizer,
 ) -> Result<GenerationRequest, VerifierError> {
     let invalid = |m: String| VerifierError::InvalidArgument(m);
-    let verification = verification_from_pb(r.verification(), defaults.verification);
+    let (params, verification) = sampling_and_verification(&r, defaults);
     let prompt = prompt_ids(r.prompt, tokenizer)?;
     if r.stop.len() > MAX_STOPS || r.stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
         return Err(invalid(format!(
@@ -55,7 +55,7 @@ pub fn generation_request(
         max_tokens: r
             .max_tokens
             .map_or(defaults.default_max_tokens, |m| m as usize),
-        sampling: sampling_from_pb(sampling),
+        sampling: params,
         penalties: penalties_from_pb(sampling),
         min_p: sampling.and_then(|s| s.min_p).unwrap_or(0.0),
         min_tokens: r.min_tokens.unwrap_or(0) as usize,
@@ -68,6 +68,27 @@ pub fn generation_request(
         verification,
         confidence_cuts: r.confidence_cuts.unwrap_or(defaults.confidence_cuts),
     })
+}
+
+/// The sampling parameters and verification rule of `r`: a request without a seed gets a
+/// random one and the server's rule; a sampled request with a seed is verified seeded
+/// unless it names a rule, so that its seed gives the same text with or without
+/// speculation.
+fn sampling_and_verification(
+    r: &pb::GenerateRequest,
+    defaults: &RequestDefaults,
+) -> (SamplingParams, Verification) {
+    let wire = r.sampling.as_ref();
+    let mut params = sampling_from_pb(wire);
+    let seeded = wire.and_then(|s| s.seed).is_some();
+    if !seeded {
+        params.seed = rand::random();
+    }
+    let verification = match r.verification() {
+        pb::Verification::Unspecified if seeded && !params.is_greedy() => Verification::Seeded,
+        v => verification_from_pb(v, defaults.verification),
+    };
+    (params, verification)
 }
 
 /// The token ids of a wire prompt: text tokenized with BOS, ids as given, a conversation

@@ -150,6 +150,40 @@ impl<'a> ProbIndex<'a> {
     }
 }
 
+/// Seeded verification: the token at output index `first + i` is drawn from `p(i)` with
+/// the uniform [`keyed_uniform`]`(seed, first + i)`, the draft is kept while it equals
+/// those draws, and the first draw it misses (or the one after the whole block) is the
+/// next token. Each token is an exact draw from the target's distribution, and which
+/// tokens are drawn depends only on the seed, the position and the distributions, never on
+/// the draft: the output is plain seeded decoding's, token for token.
+pub fn accept_seeded(
+    draft: &[u32],
+    p: impl Fn(usize) -> SparseDist,
+    seed: u64,
+    first: usize,
+) -> Verdict {
+    let mut i = 0;
+    loop {
+        let next = p(i).draw(keyed_uniform(seed, (first + i) as u64));
+        match draft.get(i) {
+            Some(d) if *d == next => i += 1,
+            _ => return Verdict { accepted: i, next },
+        }
+    }
+}
+
+/// A uniform number in [0, 1) that depends only on `seed` and `index` (SplitMix64 of both,
+/// 53 bits).
+pub fn keyed_uniform(seed: u64, index: u64) -> f64 {
+    let mix = |mut z: u64| {
+        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    (mix(seed ^ mix(index)) >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
 /// How a sampled round judges its draft (greedy rounds keep the prefix that matches the
 /// target's argmax either way, which both rules reduce to). Token-wise is the default:
 /// measured on the evaluation sets, block verification keeps about 1 % more tokens and
@@ -162,32 +196,46 @@ pub enum Verification {
     /// The block jointly ([`crate::block::accept_block`]): never fewer kept tokens in
     /// expectation, at the price of every position's full target distribution.
     Block,
+    /// Every position's token is the target's own draw with a uniform keyed by the seed
+    /// and the token's index in the output ([`accept_seeded`]): a seeded generation emits
+    /// the same text with any drafter, any γ, or none. Drafts are kept while they equal
+    /// those draws, which is less often than rejection sampling keeps them.
+    Seeded,
 }
 
 impl Verification {
     /// Both rules.
-    pub const ALL: [Verification; 2] = [Verification::Token, Verification::Block];
+    pub const ALL: [Verification; 3] = [
+        Verification::Token,
+        Verification::Block,
+        Verification::Seeded,
+    ];
 
     /// The rule's name in flags, reports and metric labels.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Token => "token",
             Self::Block => "block",
+            Self::Seeded => "seeded",
         }
     }
 
     /// Verifies a sampled draft by this rule (see [`accept_sampled`] for the arguments;
-    /// block verification builds every position's `p` at once, in parallel, and then also
-    /// says what each rule keeps of this block in expectation).
+    /// `first` is the output index of the token the first position chooses, which seeded
+    /// verification keys its draws by; block verification builds every position's `p` at
+    /// once, in parallel, and then also says what each rule keeps of this block in
+    /// expectation).
     pub fn accept(
         self,
         draft: &[u32],
         q: &[SparseDist],
         p: impl Fn(usize) -> SparseDist + Sync,
         rng: &mut Sampler,
+        first: usize,
     ) -> (Verdict, Option<ExpectedKept>) {
         match self {
             Self::Token => (accept_sampled(draft, q, p, rng), None),
+            Self::Seeded => (accept_seeded(draft, p, rng.params().seed, first), None),
             Self::Block => {
                 let (v, e) = crate::block::accept_block_expected(draft, q, p, rng);
                 (v, Some(e))
@@ -203,7 +251,7 @@ impl std::str::FromStr for Verification {
         Self::ALL
             .into_iter()
             .find(|v| v.as_str() == s)
-            .ok_or_else(|| format!("unknown verification {s:?} (token or block)"))
+            .ok_or_else(|| format!("unknown verification {s:?} (token, block or seeded)"))
     }
 }
 
@@ -427,6 +475,33 @@ pub(crate) mod tests {
                 next: 1
             }
         );
+    }
+
+    /// Seeded verification emits the draws plain seeded decoding makes, whatever the
+    /// draft: every draft token that equals its draw is kept, the first that does not is
+    /// replaced by it.
+    #[test]
+    fn seeded_verification_emits_the_draws_whatever_the_draft() {
+        let p = |i: usize| SparseDist {
+            ids: vec![0, 1, 2],
+            probs: match i % 2 {
+                0 => vec![0.5, 0.3, 0.2],
+                _ => vec![0.1, 0.1, 0.8],
+            },
+        };
+        let draws: Vec<u32> = (0..5)
+            .map(|i| p(i).draw(keyed_uniform(9, 40 + i as u64)))
+            .collect();
+        let plain = accept_seeded(&[], p, 9, 40);
+        assert_eq!((plain.accepted, plain.next), (0, draws[0]));
+        let all = accept_seeded(&draws[..4], p, 9, 40);
+        assert_eq!((all.accepted, all.next), (4, draws[4]));
+        let mut spoiled = draws[..4].to_vec();
+        spoiled[2] = (spoiled[2] + 1) % 3;
+        let cut = accept_seeded(&spoiled, p, 9, 40);
+        assert_eq!(cut.emitted(&spoiled), draws[..3]);
+        assert_ne!(keyed_uniform(9, 40), keyed_uniform(10, 40));
+        assert!((0..1000).all(|i| (0.0..1.0).contains(&keyed_uniform(i, i * 7))));
     }
 
     proptest! {

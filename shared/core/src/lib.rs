@@ -18,7 +18,9 @@ pub mod snapshot;
 pub mod stopping;
 
 pub use ab::{AbError, ArmSummary, Comparison, Interval, PromptRun};
-pub use acceptance::{accept_greedy, accept_sampled, Verdict, Verification};
+pub use acceptance::{
+    accept_greedy, accept_sampled, accept_seeded, keyed_uniform, Verdict, Verification,
+};
 pub use block::{accept_block, BlockPlan, ExpectedKept};
 pub use controls::{min_p_mask, ControlError, History, LogitControls, Penalties};
 pub use gamma::{GammaPolicy, GammaPolicyConfig, Learnt, Observed, CARRIED_ROUNDS};

@@ -353,6 +353,7 @@ impl<'e> Generation<'e> {
                     distribution_of(&top[i].ids, &values, &sampling)
                 },
                 &mut self.sampler,
+                self.history.generated(),
             ));
         }
         let logits = out
@@ -383,6 +384,7 @@ impl<'e> Generation<'e> {
                 &draft.dists,
                 |i| distribution(&rows[i], &sampling),
                 &mut self.sampler,
+                self.history.generated(),
             ),
         };
         if let Some(top) = self.req.logprobs {

@@ -2,7 +2,7 @@
 //! tokens, logits a hash of the whole sequence so that every history has its own
 //! distribution), sampled generations of three tokens — plain, and speculative with a
 //! drafter that draws from a distribution of its own, verified token by token and as a
-//! block — are distributed as the target's distribution under the control (the repetition,
+//! block, and seeded — are distributed as the target's distribution under the control (the repetition,
 //! presence and frequency penalties, min-p, min_tokens), computed exactly by enumerating
 //! every sequence. Each control is checked to change that distribution, so a control the
 //! engine ignored would fail too.
@@ -337,5 +337,26 @@ fn speculative_sampling_follows_each_control_token_by_token() {
 fn speculative_sampling_follows_each_control_as_a_block() {
     for (_, controls) in cases() {
         check(&controls, Some(&Skewed), Verification::Block);
+    }
+}
+
+#[test]
+fn seeded_sampling_follows_each_control_and_speculation_changes_no_token() {
+    let engine = engine();
+    for (_, controls) in cases() {
+        check(&controls, Some(&Skewed), Verification::Seeded);
+        for seed in 0..200 {
+            let mut req = request(&controls, Verification::Seeded);
+            req.sampling.seed = seed;
+            let run = |gamma, p: Option<&dyn Proposer>| {
+                let req = GenerationRequest {
+                    gamma,
+                    ..req.clone()
+                };
+                let flow = &mut |_: &_| std::ops::ControlFlow::Continue(());
+                engine.generate(&req, p, flow).expect("generate").tokens
+            };
+            assert_eq!(run(0, None), run(2, Some(&Skewed)), "seed {seed}");
+        }
     }
 }

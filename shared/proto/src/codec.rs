@@ -138,6 +138,7 @@ impl From<Verification> for pb::Verification {
         match v {
             Verification::Token => Self::Token,
             Verification::Block => Self::Block,
+            Verification::Seeded => Self::Seeded,
         }
     }
 }
@@ -147,6 +148,7 @@ pub fn verification_from_pb(v: pb::Verification, default: Verification) -> Verif
     match v {
         pb::Verification::Token => Verification::Token,
         pb::Verification::Block => Verification::Block,
+        pb::Verification::Seeded => Verification::Seeded,
         pb::Verification::Unspecified => default,
     }
 }

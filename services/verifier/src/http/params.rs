@@ -1,8 +1,8 @@
 //! The request fields completions and chat share (OpenAI's, vLLM's extensions and
 //! tandem's `speculative` and `max_gamma`) and the wire requests they become: one per
 //! choice, choice `i` seeded `seed + i` when the request gives a seed (so `n` samples
-//! differ, and a request repeated with its seed repeats every choice) and from a random
-//! seed otherwise, as OpenAI's and vLLM's unseeded requests are. Ranges are the
+//! differ, and a request repeated with its seed repeats every choice, speculation or not)
+//! and from a random seed otherwise (the core's rule for unseeded requests). Ranges are the
 //! engine's to check; what OpenAI has and tandem does not is refused here.
 
 use serde::Deserialize;
@@ -104,11 +104,10 @@ impl Common {
             ));
         }
         let base = self.request(shape)?;
-        let seed = self.seed.unwrap_or_else(rand::random);
         Ok((0..n)
             .map(|i| {
                 let mut r = base.clone();
-                if let Some(s) = r.sampling.as_mut() {
+                if let (Some(s), Some(seed)) = (r.sampling.as_mut(), self.seed) {
                     s.seed = Some(seed.wrapping_add(u64::from(i)));
                 }
                 r
