@@ -16,6 +16,7 @@ mod kv_cache;
 mod linear;
 mod model;
 pub(crate) mod names;
+mod step;
 
 pub use config::{GemmaConfig, RopeScaling};
 pub use convert::{export_hf, hf_config_json};
@@ -25,3 +26,4 @@ pub use forward::{Gemma3Model, SequenceCache};
 pub use head::{RestrictedHead, TargetHead};
 pub use kv_cache::KvCache;
 pub use model::{ForwardOptions, ForwardOutput, Gemma3, LoadOptions, LogitsMode, Precision};
+pub use step::Segment;

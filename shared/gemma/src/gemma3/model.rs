@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use tandem_kernels::{ArgmaxScreen, QType, TopRow};
 
 use super::config::GemmaConfig;
@@ -16,10 +16,9 @@ use super::head::TargetHead;
 use super::kv_cache::KvCache;
 use super::linear::Linear;
 use super::names::{LayerTensor, Role};
-use crate::attention::{attend, AttnSpec};
 use crate::error::{GemmaError, Result};
 use crate::loader::{self, TensorSource};
-use crate::ops::{gelu_tanh_mul, rms_norm, rms_norm_rows, softcap, Rope, RopeAngles};
+use crate::ops::Rope;
 
 /// How quantized weights meet activations on the CPU. Both are batch invariant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -82,35 +81,35 @@ pub struct ForwardOutput {
     pub last_hidden: Tensor,
 }
 
-struct Layer {
-    attn_norm: Vec<f32>,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
-    q_norm: Vec<f32>,
-    k_norm: Vec<f32>,
-    post_attn_norm: Vec<f32>,
-    pre_ffn_norm: Vec<f32>,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
-    post_ffn_norm: Vec<f32>,
-    sliding: bool,
+pub(super) struct Layer {
+    pub(super) attn_norm: Vec<f32>,
+    pub(super) q: Linear,
+    pub(super) k: Linear,
+    pub(super) v: Linear,
+    pub(super) o: Linear,
+    pub(super) q_norm: Vec<f32>,
+    pub(super) k_norm: Vec<f32>,
+    pub(super) post_attn_norm: Vec<f32>,
+    pub(super) pre_ffn_norm: Vec<f32>,
+    pub(super) gate: Linear,
+    pub(super) up: Linear,
+    pub(super) down: Linear,
+    pub(super) post_ffn_norm: Vec<f32>,
+    pub(super) sliding: bool,
 }
 
 /// A loaded Gemma 3 text model. Immutable and shareable across threads.
 pub struct Gemma3 {
-    cfg: GemmaConfig,
-    head: TargetHead,
-    layers: Vec<Layer>,
-    final_norm: Vec<f32>,
-    rope_local: Rope,
-    rope_global: Rope,
-    precision: Precision,
+    pub(super) cfg: GemmaConfig,
+    pub(super) head: TargetHead,
+    pub(super) layers: Vec<Layer>,
+    pub(super) final_norm: Vec<f32>,
+    pub(super) rope_local: Rope,
+    pub(super) rope_global: Rope,
+    pub(super) precision: Precision,
     /// Rows' largest logits without all of them: `exact` precision with a Q8_0 head, no
     /// final soft-capping (which could tie distinct logits), and the CPU's screen kernel.
-    screen: Option<ArgmaxScreen>,
+    pub(super) screen: Option<ArgmaxScreen>,
 }
 
 impl Gemma3 {
@@ -196,7 +195,7 @@ impl Gemma3 {
         self.head.embed(token)
     }
 
-    fn embed_into(&self, token: u32, row: &mut [f32]) -> Result<()> {
+    pub(super) fn embed_into(&self, token: u32, row: &mut [f32]) -> Result<()> {
         self.head.embed_into(token, row)
     }
 
@@ -205,7 +204,7 @@ impl Gemma3 {
         self.head.clone()
     }
 
-    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+    pub(super) fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
         match tokens.iter().find(|t| **t as usize >= self.cfg.vocab_size) {
             Some(t) => Err(GemmaError::Request(format!(
                 "token id {t} is outside the vocabulary of {}",
@@ -214,167 +213,4 @@ impl Gemma3 {
             None => Ok(()),
         }
     }
-
-    /// Runs `tokens` at positions `pos..pos+m`, appending their keys and values to `cache`
-    /// (which must hold exactly `pos` positions).
-    pub fn forward(
-        &self,
-        tokens: &[u32],
-        pos: usize,
-        cache: &mut KvCache,
-        opts: &ForwardOptions,
-    ) -> Result<ForwardOutput> {
-        // Run the whole forward on a pool worker: every matmul then starts on an awake
-        // thread instead of waking the pool from outside (measured: ~3 ms of 12 per token).
-        rayon::scope(|_| self.forward_inner(tokens, pos, cache, opts))
-    }
-
-    fn forward_inner(
-        &self,
-        tokens: &[u32],
-        pos: usize,
-        cache: &mut KvCache,
-        opts: &ForwardOptions,
-    ) -> Result<ForwardOutput> {
-        let m = tokens.len();
-        if m == 0 {
-            return Err(GemmaError::Request("empty block".into()));
-        }
-        self.check_tokens(tokens)?;
-        if let Some(t) = opts.taps.iter().find(|t| **t > self.cfg.num_hidden_layers) {
-            return Err(GemmaError::Request(format!(
-                "tap {t} is out of range (the model has {} layers)",
-                self.cfg.num_hidden_layers
-            )));
-        }
-        cache.check_append(pos, m)?;
-        let h = self.cfg.hidden_size;
-        let mut x = vec![0f32; m * h];
-        for (row, t) in x.chunks_exact_mut(h).zip(tokens) {
-            self.embed_into(*t, row)?;
-        }
-        let mut taps: Vec<Option<Vec<f32>>> = vec![None; opts.taps.len()];
-        let at = Positions {
-            pos,
-            local: self.rope_local.angles(pos, m),
-            global: self.rope_global.angles(pos, m),
-        };
-        for (i, layer) in self.layers.iter().enumerate() {
-            if let Err(e) = self.layer_forward(layer, i, &mut x, &at, cache) {
-                cache.discard_uncommitted();
-                return Err(e);
-            }
-            for (slot, t) in taps.iter_mut().zip(&opts.taps) {
-                if *t == i {
-                    *slot = Some(x.clone());
-                }
-            }
-        }
-        cache.commit(m);
-        let eps = self.cfg.rms_norm_eps as f32;
-        let normed = rms_norm(&x, &self.final_norm, eps);
-        let (mut logits, mut top) = (None, None);
-        match opts.logits {
-            LogitsMode::All => logits = Some(self.logits(&normed, m)?),
-            LogitsMode::Last => logits = Some(self.logits(&normed[(m - 1) * h..], 1)?),
-            LogitsMode::Top(k) => match self.top(&normed, m, k)? {
-                Some(rows) => top = Some(rows),
-                None => logits = Some(self.logits(&normed, m)?),
-            },
-            LogitsMode::None => {}
-        }
-        let taps = taps
-            .into_iter()
-            .map(|t| Tensor::from_vec(t.unwrap_or_else(|| normed.clone()), (m, h), &Device::Cpu))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        Ok(ForwardOutput {
-            logits,
-            top,
-            taps,
-            last_hidden: Tensor::from_vec(normed, (m, h), &Device::Cpu)?,
-        })
-    }
-
-    fn logits(&self, normed: &[f32], rows: usize) -> Result<Tensor> {
-        let mut out = self.head.head().matmul(normed, rows)?;
-        if let Some(cap) = self.cfg.final_logit_softcapping {
-            softcap(&mut out, cap as f32);
-        }
-        Ok(Tensor::from_vec(
-            out,
-            (rows, self.cfg.vocab_size),
-            &Device::Cpu,
-        )?)
-    }
-
-    /// The logits that can rank among each row's `k` largest, through the screen for
-    /// several rows (one row is bound by reading the head either way); `None` where the
-    /// model has no screen.
-    fn top(&self, normed: &[f32], rows: usize, k: usize) -> Result<Option<Vec<TopRow>>> {
-        match (&self.screen, self.head.head().lanes(), rows) {
-            (Some(screen), Some(w), 2..) => Ok(Some(screen.top_rows(w, normed, rows, k)?.rows)),
-            _ => Ok(None),
-        }
-    }
-
-    fn layer_forward(
-        &self,
-        l: &Layer,
-        idx: usize,
-        x: &mut [f32],
-        at: &Positions,
-        cache: &mut KvCache,
-    ) -> Result<()> {
-        let cfg = &self.cfg;
-        let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps as f32);
-        let m = x.len() / h;
-        let normed = rms_norm(x, &l.attn_norm, eps);
-        let mut q = l.q.matmul(&normed, m)?;
-        let mut k = l.k.matmul(&normed, m)?;
-        let v = l.v.matmul(&normed, m)?;
-        rms_norm_rows(&mut q, &l.q_norm, eps);
-        rms_norm_rows(&mut k, &l.k_norm, eps);
-        let angles = if l.sliding { &at.local } else { &at.global };
-        for (r, (qr, kr)) in q
-            .chunks_exact_mut(cfg.q_dim())
-            .zip(k.chunks_exact_mut(cfg.kv_dim()))
-            .enumerate()
-        {
-            angles.apply(qr, r);
-            angles.apply(kr, r);
-        }
-        let kv = cache.layer_mut(idx);
-        kv.k.extend_from_slice(&k);
-        kv.v.extend_from_slice(&v);
-        let spec = AttnSpec {
-            pos0: at.pos,
-            n_heads: cfg.num_attention_heads,
-            n_kv_heads: cfg.num_key_value_heads,
-            head_dim: hd,
-            scale: (cfg.query_pre_attn_scalar as f32).powf(-0.5),
-            window: l.sliding.then_some(cfg.sliding_window),
-            softcap: cfg.attn_logit_softcapping.map(|c| c as f32),
-        };
-        let attn = attend(&q, &kv.k, &kv.v, spec);
-        let mut o = l.o.matmul(&attn, m)?;
-        rms_norm_rows(&mut o, &l.post_attn_norm, eps);
-        x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-
-        let normed = rms_norm(x, &l.pre_ffn_norm, eps);
-        let mut gate = l.gate.matmul(&normed, m)?;
-        let up = l.up.matmul(&normed, m)?;
-        gelu_tanh_mul(&mut gate, &up);
-        let mut down = l.down.matmul(&gate, m)?;
-        rms_norm_rows(&mut down, &l.post_ffn_norm, eps);
-        x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
-        Ok(())
-    }
-}
-
-/// Where a forward's block sits: its first position and the rotary angles of its positions
-/// for the sliding (local) and global layers, computed once for all layers.
-struct Positions {
-    pos: usize,
-    local: RopeAngles,
-    global: RopeAngles,
 }
