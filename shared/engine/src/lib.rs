@@ -18,7 +18,10 @@ pub use drafting::check_block;
 pub use engine::{Engine, Outcome, Sink, Update};
 pub use error::{EngineError, Result};
 pub use load::{model_type, Placement, TargetFiles};
-pub use models::{Gemma4Target, Target, TargetFacts, TargetSequence, TargetStep};
+pub use models::{
+    BatchLimits, BatchedGemma3, Gemma4Target, StepObserver, StepReport, Target, TargetFacts,
+    TargetSequence, TargetStep,
+};
 pub use plan::{drafting_gamma, Plan};
 pub use request::GenerationRequest;
 pub use stats::{RoundStats, SpecStats, Timing};

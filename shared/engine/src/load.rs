@@ -12,7 +12,7 @@ use tandem_tokenizer::GemmaTokenizer;
 
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
-use crate::models::{Gemma4Target, Target};
+use crate::models::{BatchLimits, BatchedGemma3, Gemma4Target, Target};
 
 /// Where a target runs.
 #[derive(Debug, Clone)]
@@ -35,7 +35,18 @@ pub struct TargetFiles {
 impl Engine {
     /// Loads the target `files` name, placed as `placement` says, and its tokenizer.
     pub fn load(files: &TargetFiles, placement: &Placement) -> Result<Self> {
-        let model = load_target(&files.model, placement)?;
+        Self::load_batched(files, placement, None)
+    }
+
+    /// [`Self::load`], with the forwards of concurrent generations batched within `batching`
+    /// where the target is Gemma 3 on the CPU kernels (other targets run each generation
+    /// alone, and say so in the log).
+    pub fn load_batched(
+        files: &TargetFiles,
+        placement: &Placement,
+        batching: Option<BatchLimits>,
+    ) -> Result<Self> {
+        let model = load_target(&files.model, placement, batching)?;
         let tokenizer = GemmaTokenizer::from_file(&files.tokenizer)
             .map_err(|e| load_error(&files.tokenizer, e))?;
         Ok(Self::new(model, Arc::new(tokenizer)))
@@ -43,11 +54,26 @@ impl Engine {
 }
 
 /// Loads the target at `path`, placed as `placement` says.
-fn load_target(path: &Path, placement: &Placement) -> Result<Arc<dyn Target>> {
+fn load_target(
+    path: &Path,
+    placement: &Placement,
+    batching: Option<BatchLimits>,
+) -> Result<Arc<dyn Target>> {
     let gemma4 = path.is_dir() && model_type(path)?.is_some_and(|t| t.starts_with("gemma4"));
     let fail = |e: tandem_gemma::GemmaError| load_error(path, e);
+    if batching.is_some() && (gemma4 || matches!(placement, Placement::Device(_))) {
+        tracing::warn!(
+            "batching runs on Gemma 3 on the CPU; this target runs each generation alone"
+        );
+    }
     Ok(match (placement, gemma4) {
-        (Placement::Cpu(opts), false) => Arc::new(Gemma3::load_with(path, opts).map_err(fail)?),
+        (Placement::Cpu(opts), false) => {
+            let model = Gemma3::load_with(path, opts).map_err(fail)?;
+            match batching {
+                Some(limits) => Arc::new(BatchedGemma3::new(Arc::new(model), limits)?),
+                None => Arc::new(model),
+            }
+        }
         (Placement::Cpu(_), true) => {
             let model = Gemma4::load(path).map_err(fail)?;
             Arc::new(Gemma4Target::new(Arc::new(model))?)

@@ -84,7 +84,7 @@ impl<M: Gemma3Model> TargetSequence for Sequence<'_, M> {
 
 /// The forward options that produce `logits` and the taps of `spec` (a Gemma 3 snapshot
 /// holds only taps).
-fn forward_options(logits: LogitsMode, spec: &SnapshotSpec) -> Result<ForwardOptions> {
+pub(super) fn forward_options(logits: LogitsMode, spec: &SnapshotSpec) -> Result<ForwardOptions> {
     let taps = spec
         .parts
         .iter()
@@ -120,7 +120,7 @@ fn facts(cfg: &GemmaConfig, kv_bytes: usize) -> TargetFacts {
 }
 
 /// Interleaves `[rows, width]` taps into rows: row `r` is `[tap0[r]; tap1[r]; …]`.
-fn interleave(taps: &[Tensor], rows: usize) -> Result<Vec<f32>> {
+pub(super) fn interleave(taps: &[Tensor], rows: usize) -> Result<Vec<f32>> {
     let taps: Vec<Vec<f32>> = taps
         .iter()
         .map(|t| t.flatten_all()?.to_vec1::<f32>())

@@ -5,10 +5,16 @@
 //! candle device ([`tandem_gemma::DeviceGemma3`]) and Gemma 4 text
 //! ([`tandem_gemma::gemma4::Gemma4`]).
 
+mod batched;
 mod gemma3;
 mod gemma4;
+mod stepper;
 
+pub use batched::BatchedGemma3;
 pub use gemma4::Gemma4Target;
+pub use stepper::{BatchLimits, StepObserver, StepReport};
+
+use std::sync::Arc;
 
 use candle_core::Tensor;
 use tandem_core::TargetIdentity;
@@ -57,6 +63,12 @@ pub trait Target: Send + Sync {
     fn head(&self) -> Option<TargetHead>;
     /// A fresh sequence (an empty KV cache) of at most `max_len` positions.
     fn start(&self, max_len: usize) -> Box<dyn TargetSequence + '_>;
+    /// Whether concurrent generations share forwards ([`BatchedGemma3`]); where they do,
+    /// `observer` receives every step's figures (the first observer given is kept).
+    fn observe_steps(&self, observer: Arc<dyn StepObserver>) -> bool {
+        let _ = observer;
+        false
+    }
 }
 
 /// One sequence on a target: its KV cache and the forward that extends it.

@@ -1,0 +1,227 @@
+//! Continuous batching of a CPU Gemma 3 target's forwards across generations (Orca's
+//! iteration-level scheduling, Yu et al., OSDI 2022): every generation keeps its own thread,
+//! cache and round, but its forwards go to one stepper thread ([`super::stepper`]), which
+//! runs the forwards of all running generations as one ragged forward
+//! ([`Gemma3::forward_ragged`]) — one read of the weights for every running session. Generations join and leave between steps. Long
+//! prompts are prefilled in chunks, so a new session's prompt shares steps with the others'
+//! verify blocks instead of stalling them. The kernels are batch invariant: a generation's
+//! output is bit for bit what it is alone.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+
+use tandem_core::{SnapshotSpec, SnapshotSupport, TargetIdentity};
+use tandem_gemma::{
+    ForwardOptions, ForwardOutput, Gemma3, GemmaError, KvCache, LogitsMode, TargetHead,
+};
+
+use super::gemma3::{forward_options, interleave};
+use super::stepper::{BatchLimits, Job, StepObserver, Stepper};
+use super::{Target, TargetFacts, TargetSequence, TargetStep};
+use crate::error::{EngineError, Result};
+
+/// A CPU Gemma 3 target whose generations' forwards are batched (see the module docs).
+pub struct BatchedGemma3 {
+    model: Arc<Gemma3>,
+    limits: BatchLimits,
+    observer: Arc<OnceLock<Arc<dyn StepObserver>>>,
+    alive: Arc<AtomicUsize>,
+    jobs: Option<Sender<Job>>,
+    stepper: Option<JoinHandle<()>>,
+}
+
+impl BatchedGemma3 {
+    /// Starts the stepper thread of `model`.
+    pub fn new(model: Arc<Gemma3>, limits: BatchLimits) -> Result<Self> {
+        let limits = BatchLimits {
+            max_rows: limits.max_rows.max(1),
+            prefill_chunk: limits.prefill_chunk.max(1),
+            ..limits
+        };
+        let (tx, rx) = mpsc::channel();
+        let observer = Arc::new(OnceLock::<Arc<dyn StepObserver>>::new());
+        let alive = Arc::new(AtomicUsize::new(0));
+        let stepper = Stepper {
+            model: model.clone(),
+            jobs: rx,
+            limits,
+            alive: alive.clone(),
+            observer: observer.clone(),
+        };
+        let stepper = std::thread::Builder::new()
+            .name("tandem-stepper".into())
+            .spawn(move || stepper.run())
+            .map_err(|e| EngineError::Load(format!("cannot start the batch stepper: {e}")))?;
+        Ok(Self {
+            model,
+            limits,
+            observer,
+            alive,
+            jobs: Some(tx),
+            stepper: Some(stepper),
+        })
+    }
+
+    /// How steps are formed.
+    pub fn limits(&self) -> BatchLimits {
+        self.limits
+    }
+
+    /// Sends one forward to the stepper and waits for its step.
+    fn submit(
+        &self,
+        tokens: &[u32],
+        pos: usize,
+        cache: KvCache,
+        opts: ForwardOptions,
+    ) -> (KvCache, tandem_gemma::Result<ForwardOutput>) {
+        let (reply, answer) = mpsc::sync_channel(1);
+        let job = Job {
+            tokens: tokens.to_vec(),
+            pos,
+            cache,
+            opts,
+            reply,
+        };
+        let stopped = |job: Job| {
+            let e = GemmaError::Request("the batch stepper has stopped".into());
+            (job.cache, Err(e))
+        };
+        let Some(jobs) = &self.jobs else {
+            return stopped(job);
+        };
+        if let Err(mpsc::SendError(job)) = jobs.send(job) {
+            return stopped(job);
+        }
+        answer.recv().unwrap_or_else(|_| {
+            let e = GemmaError::Request("the batch stepper dropped a forward".into());
+            (KvCache::new(self.model.config(), 0), Err(e))
+        })
+    }
+}
+
+impl Drop for BatchedGemma3 {
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(stepper) = self.stepper.take() {
+            let _ = stepper.join();
+        }
+    }
+}
+
+impl Target for BatchedGemma3 {
+    fn facts(&self) -> TargetFacts {
+        Target::facts(self.model.as_ref())
+    }
+
+    fn identity(&self) -> Result<TargetIdentity> {
+        Target::identity(self.model.as_ref())
+    }
+
+    fn snapshot_support(&self) -> SnapshotSupport {
+        Target::snapshot_support(self.model.as_ref())
+    }
+
+    fn head(&self) -> Option<TargetHead> {
+        Target::head(self.model.as_ref())
+    }
+
+    fn observe_steps(&self, observer: Arc<dyn StepObserver>) -> bool {
+        let _ = self.observer.set(observer);
+        true
+    }
+
+    fn start(&self, max_len: usize) -> Box<dyn TargetSequence + '_> {
+        let cache = self.model.new_cache(max_len);
+        self.alive.fetch_add(1, Ordering::AcqRel);
+        Box::new(BatchedSequence {
+            target: self,
+            max_len: cache.max_len(),
+            cache: Some(cache),
+        })
+    }
+}
+
+/// One generation's sequence: its cache, lent to the stepper for each forward.
+struct BatchedSequence<'t> {
+    target: &'t BatchedGemma3,
+    cache: Option<KvCache>,
+    max_len: usize,
+}
+
+impl Drop for BatchedSequence<'_> {
+    fn drop(&mut self) {
+        self.target.alive.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The error of a sequence whose cache a failed stepper kept.
+fn lost_cache() -> EngineError {
+    EngineError::Model(GemmaError::Request("the sequence lost its cache".into()))
+}
+
+impl BatchedSequence<'_> {
+    /// One step's forward of `tokens` at `pos`.
+    fn step(&mut self, tokens: &[u32], pos: usize, opts: ForwardOptions) -> Result<ForwardOutput> {
+        let cache = self.cache.take().ok_or_else(lost_cache)?;
+        let (cache, out) = self.target.submit(tokens, pos, cache, opts);
+        self.cache = Some(cache);
+        Ok(out?)
+    }
+}
+
+impl TargetSequence for BatchedSequence<'_> {
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        logits: LogitsMode,
+        spec: &SnapshotSpec,
+    ) -> Result<TargetStep> {
+        let opts = forward_options(logits, spec)?;
+        let chunk = self.target.limits.prefill_chunk;
+        // Prompts (only the last row's logits, or none) go a chunk per step; a block that
+        // needs every row's logits (verification) goes whole.
+        let chunked = matches!(logits, LogitsMode::Last | LogitsMode::None) && tokens.len() > chunk;
+        if !chunked {
+            let out = self.step(tokens, pos, opts)?;
+            return Ok(TargetStep {
+                logits: out.logits,
+                top: out.top,
+                snapshot: interleave(&out.taps, tokens.len())?,
+            });
+        }
+        let mut snapshot = Vec::new();
+        let mut last = None;
+        for (i, part) in tokens.chunks(chunk).enumerate() {
+            let is_last = (i + 1) * chunk >= tokens.len();
+            let opts = ForwardOptions {
+                logits: if is_last { logits } else { LogitsMode::None },
+                taps: opts.taps.clone(),
+            };
+            let out = self.step(part, pos + i * chunk, opts)?;
+            snapshot.extend(interleave(&out.taps, part.len())?);
+            last = Some(out);
+        }
+        let last = last.expect("a chunked prompt has a last chunk");
+        Ok(TargetStep {
+            logits: last.logits,
+            top: last.top,
+            snapshot,
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.cache.as_ref().map_or(0, KvCache::len)
+    }
+
+    fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        Ok(self.cache.as_mut().ok_or_else(lost_cache)?.truncate(len)?)
+    }
+}
