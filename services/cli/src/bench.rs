@@ -45,6 +45,10 @@ enum BenchKind {
     /// What the OpenAI-compatible HTTP API costs a generation: the same greedy requests
     /// through gRPC and HTTP on loopback, paired.
     Http(crate::bench_http::HttpArgs),
+    /// Concurrent clients through a verifier and drafters on loopback: aggregate and
+    /// per-user throughput, time to first token and inter-token latency at each
+    /// concurrency, plain against fixed and adaptive speculation.
+    Load(crate::bench_load::LoadArgs),
     /// Draws the chart of a saved `bench speculative` JSON report again.
     Chart(crate::chart::ChartArgs),
 }
@@ -130,6 +134,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchKind::Ab(a) => crate::bench_ab::run(a),
         BenchKind::Soak(a) => crate::bench_soak::run(a),
         BenchKind::Http(a) => crate::bench_http::run(a),
+        BenchKind::Load(a) => crate::bench_load::run(a),
         BenchKind::Chart(a) => crate::chart::redraw(a),
     }
 }

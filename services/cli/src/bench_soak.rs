@@ -10,7 +10,6 @@
 //! met.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -24,12 +23,12 @@ use rand::SeedableRng;
 use serde::Serialize;
 use tandem_proto::v1 as pb;
 use tandem_verifier::VerifierSettings;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
 
 use crate::drafter::DrafterArgs;
 use crate::loopback::{self, Loopback};
 use crate::models::ModelArgs;
+use crate::scrape::{scrape, total};
 use crate::serve;
 use crate::soak_client::{Behaviour, Clients, Outcome, BEHAVIOURS};
 
@@ -341,37 +340,6 @@ async fn settle(lb: &Loopback) -> Result<(BTreeMap<String, f64>, BTreeMap<String
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// A `/metrics` page: series (name with labels) → value.
-async fn scrape(addr: SocketAddr) -> Result<BTreeMap<String, f64>> {
-    let mut s = tokio::net::TcpStream::connect(addr)
-        .await
-        .with_context(|| format!("cannot reach /metrics at {addr}"))?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: soak\r\nconnection: close\r\n\r\n")
-        .await?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await?;
-    let (_, body) = raw
-        .split_once("\r\n\r\n")
-        .with_context(|| format!("/metrics at {addr} answered no HTTP response"))?;
-    let series = body
-        .lines()
-        .filter(|l| !l.is_empty() && !l.starts_with('#'));
-    let parsed = series.filter_map(|l| {
-        let (name, value) = l.rsplit_once(' ')?;
-        Some((name.to_string(), value.parse().ok()?))
-    });
-    Ok(parsed.collect())
-}
-
-/// Sum of every series of `name` (any labels).
-fn total(m: &BTreeMap<String, f64>, name: &str) -> f64 {
-    let labelled = format!("{name}{{");
-    m.iter()
-        .filter(|(k, _)| k.as_str() == name || k.starts_with(&labelled))
-        .map(|(_, v)| v)
-        .sum()
 }
 
 /// RSS at every tenth of the load (the last at its end).

@@ -6,7 +6,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 
 use anyhow::{anyhow, Context, Result};
-use tandem_engine::Engine;
+use tandem_engine::{BatchLimits, Engine};
 use tandem_serving::{Running, Serve};
 use tandem_verifier::VerifierSettings;
 
@@ -89,12 +89,31 @@ pub async fn start(
 }
 
 /// Starts `drafters` drafters serving `drafter` and a verifier with `settings` drafting
-/// through them (its `drafters` are set here); returns once all report SERVING.
+/// through them (its `drafters` are set here), batching as the servers do by default;
+/// returns once all report SERVING.
 pub async fn start_with(
     drafter: &DrafterArgs,
     models: &ModelArgs,
     drafters: usize,
     settings: VerifierSettings,
+) -> Result<Loopback> {
+    start_batched(
+        drafter,
+        models,
+        drafters,
+        settings,
+        Some(BatchLimits::default()),
+    )
+    .await
+}
+
+/// [`start_with`], the verifier's generations batched as `batching` says.
+pub async fn start_batched(
+    drafter: &DrafterArgs,
+    models: &ModelArgs,
+    drafters: usize,
+    settings: VerifierSettings,
+    batching: Option<BatchLimits>,
 ) -> Result<Loopback> {
     let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
     let mut running = Vec::with_capacity(drafters);
@@ -105,7 +124,7 @@ pub async fn start_with(
         drafters: running.iter().map(Running::url).collect(),
         ..settings
     };
-    let verifier = serve::verifier_server(models, settings).await?;
+    let verifier = serve::verifier_server(models, settings, batching).await?;
     let engine = verifier.engine().clone();
     let listeners = serve::listen(any, any)
         .await?

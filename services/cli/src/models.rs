@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use std::sync::{Once, OnceLock};
 
 use candle_core::{DType, Device};
-use tandem_engine::{Engine, Placement, TargetFiles};
+use tandem_engine::{BatchLimits, Engine, Placement, TargetFiles};
 use tandem_gemma::{
     prepare_device, DeviceGemma3, DeviceOptions, Gemma3, LoadOptions, Precision, TargetHead,
 };
@@ -183,11 +183,17 @@ impl ModelArgs {
     /// Loads the target (Gemma 4 when `--model` is an HF directory whose config says
     /// `gemma4*`, Gemma 3 otherwise, on `--device`) and its tokenizer into an engine.
     pub fn load_engine(&self) -> Result<Engine> {
+        self.load_engine_batched(None)
+    }
+
+    /// [`Self::load_engine`], with concurrent generations' forwards batched within
+    /// `batching` (CPU Gemma 3 targets).
+    pub fn load_engine_batched(&self, batching: Option<BatchLimits>) -> Result<Engine> {
         let files = TargetFiles {
             model: self.model_path()?,
             tokenizer: self.tokenizer_path()?,
         };
-        Ok(Engine::load(&files, &self.placement()?)?)
+        Ok(Engine::load_batched(&files, &self.placement()?, batching)?)
     }
 
     /// Where `--device`, `--precision` and `--dtype` place the target.

@@ -12,6 +12,7 @@ use anyhow::{anyhow, Result};
 use clap::Args;
 use tandem_core::Verification;
 use tandem_drafter::{Drafter, DrafterConfig};
+use tandem_engine::BatchLimits;
 use tandem_serving::{
     ClientTls, ClientTlsFiles, KeyPair, Listeners, Security, Serve, ServerTlsFiles, Tokens,
 };
@@ -139,6 +140,20 @@ pub struct VerifierOptions {
     /// (requests naming another model get 404).
     #[arg(long, env = "TANDEM_SERVED_MODEL_NAME", default_value = DEFAULT_SERVED_MODEL_NAME)]
     served_model_name: String,
+    /// Run the forwards of concurrent generations as one batched step (CPU Gemma 3; output
+    /// is the same either way).
+    #[arg(long, env = "TANDEM_BATCHING", default_value_t = true, action = clap::ArgAction::Set)]
+    batching: bool,
+    /// Most token rows (prompt chunks and verify blocks) in one batched step.
+    #[arg(long, env = "TANDEM_BATCH_MAX_ROWS", default_value_t = BatchLimits::default().max_rows)]
+    batch_max_rows: usize,
+    /// Prompt tokens a generation prefills per batched step.
+    #[arg(long, env = "TANDEM_PREFILL_CHUNK", default_value_t = BatchLimits::default().prefill_chunk)]
+    prefill_chunk: usize,
+    /// Longest a batched step waits, in milliseconds, for running generations that have
+    /// not sent their forward yet (at most a quarter of a recent step).
+    #[arg(long, env = "TANDEM_BATCH_WAIT_MS", default_value_t = BatchLimits::default().max_wait.as_millis() as u64)]
+    batch_wait_ms: u64,
 }
 
 /// TLS of a service's gRPC listener.
@@ -264,6 +279,15 @@ impl DrafterOptions {
 }
 
 impl VerifierOptions {
+    /// How concurrent generations are batched (`None`: each runs its own forwards).
+    pub(crate) fn batching(&self) -> Option<BatchLimits> {
+        self.batching.then_some(BatchLimits {
+            max_rows: self.batch_max_rows,
+            prefill_chunk: self.prefill_chunk,
+            max_wait: Duration::from_millis(self.batch_wait_ms),
+        })
+    }
+
     /// The verifier's settings, drafting through `drafters`.
     pub(crate) fn settings(&self, drafters: Vec<String>) -> VerifierSettings {
         VerifierSettings {
@@ -412,12 +436,14 @@ pub fn drafter(a: DrafterServeArgs) -> Result<()> {
     })
 }
 
-/// The verifier over the `--model` target with `settings`, assembled.
+/// The verifier over the `--model` target with `settings`, its generations batched as
+/// `batching` says, assembled.
 pub(crate) async fn verifier_server(
     models: &ModelArgs,
     settings: VerifierSettings,
+    batching: Option<BatchLimits>,
 ) -> Result<Verifier> {
-    let engine = models.load_engine()?;
+    let engine = models.load_engine_batched(batching)?;
     Ok(Verifier::builder(engine, settings).build().await?)
 }
 
@@ -431,7 +457,7 @@ pub fn verifier(a: VerifierServeArgs) -> Result<()> {
             drafter_tls: a.drafter_tls.load()?,
             ..a.opts.settings(a.drafters)
         };
-        let verifier = verifier_server(&a.models, settings).await?;
+        let verifier = verifier_server(&a.models, settings, a.opts.batching()).await?;
         announce("verifier", &listeners)?;
         verifier
             .serve(listeners, shutdown_signal())
@@ -452,7 +478,8 @@ pub fn up(a: UpArgs) -> Result<()> {
         let scheme = listeners.security.scheme();
         let running = drafter.spawn(d_listeners).map_err(|e| anyhow!("{e}"))?;
         running.wait_serving(READY_WAIT).await.map_err(|e| anyhow!("{e}"))?;
-        let verifier = verifier_server(&a.models, a.verifier.settings(vec![running.url()])).await?;
+        let settings = a.verifier.settings(vec![running.url()]);
+        let verifier = verifier_server(&a.models, settings, a.verifier.batching()).await?;
         let grpc = listeners.grpc.local_addr()?;
         let metrics = listeners.metrics.local_addr()?;
         eprintln!(

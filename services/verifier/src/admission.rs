@@ -92,8 +92,10 @@ impl Admission {
         let need = u32::try_from(need)
             .map_err(|_| VerifierError::ResourceExhausted("request too large".into()))?;
         if let Some(permit) = self.try_admit(need) {
+            self.metrics.queue_time.record(0.0);
             return Ok(permit);
         }
+        let arrived = std::time::Instant::now();
         let waiting = Queued::enter(self);
         if waiting.ahead >= self.max_queued {
             self.metrics.refused(Refusal::QueueFull);
@@ -105,6 +107,9 @@ impl Admission {
         let slot = Arc::clone(&self.slots).acquire_owned().await;
         let kv = Arc::clone(&self.kv).acquire_many_owned(need).await;
         drop(waiting);
+        self.metrics
+            .queue_time
+            .record(arrived.elapsed().as_secs_f64());
         let closed = || VerifierError::Unavailable("the server is shutting down".into());
         Ok(self.permit(slot.map_err(|_| closed())?, kv.map_err(|_| closed())?))
     }

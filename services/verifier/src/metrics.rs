@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use tandem_core::FinishReason;
-use tandem_engine::{Outcome, RoundStats};
+use tandem_engine::{Outcome, RoundStats, StepObserver, StepReport};
 use tandem_telemetry::{Counter, Gauge, Histogram, Registry};
 
 /// Upper edges of the confidence buckets of the per-confidence acceptance counters.
@@ -118,6 +118,11 @@ pub struct VerifierMetrics {
     pub drafters_available: Gauge,
     /// Requests waiting for admission.
     pub queued: Gauge,
+    /// Seconds from arrival to admission.
+    pub queue_time: Histogram,
+    batch_sessions: Histogram,
+    batch_rows: Histogram,
+    batch_step: Histogram,
 }
 
 impl VerifierMetrics {
@@ -278,6 +283,24 @@ impl VerifierMetrics {
                 "Requests waiting for admission.",
                 &[],
             ),
+            queue_time: secs(
+                "tandem_queue_time_seconds",
+                "Time from a request's arrival to its admission, seconds.",
+            ),
+            batch_sessions: r.histogram(
+                "tandem_batch_sessions_per_step",
+                "Generations whose forwards shared one batched target step.",
+                &[],
+            ),
+            batch_rows: r.histogram(
+                "tandem_batch_rows_per_step",
+                "Token rows (prompt chunks and verify blocks) of one batched target step.",
+                &[],
+            ),
+            batch_step: secs(
+                "tandem_batch_step_seconds",
+                "Target forward of one batched step, seconds.",
+            ),
         }
     }
 
@@ -378,5 +401,13 @@ impl HttpMetrics {
         ];
         self.registry
             .counter(HTTP_REQUESTS, HTTP_REQUESTS_HELP, &labels)
+    }
+}
+
+impl StepObserver for VerifierMetrics {
+    fn step(&self, r: &StepReport) {
+        self.batch_sessions.record(r.sequences as f64);
+        self.batch_rows.record(r.rows as f64);
+        self.batch_step.record(r.seconds);
     }
 }

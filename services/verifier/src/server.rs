@@ -168,6 +168,9 @@ impl VerifierBuilder {
         let target = pb::TargetIdentity::from(engine.model().identity()?);
         let registry = Arc::new(Registry::new());
         let metrics = Arc::new(VerifierMetrics::new(&registry, s.gamma));
+        if engine.model().observe_steps(metrics.clone()) {
+            tracing::info!("concurrent generations share batched target steps");
+        }
         let pool = match s.drafters.is_empty() {
             true => None,
             false => {

@@ -25,6 +25,11 @@ pub const LENGTH_BUCKETS: &[f64] = &[
     1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 12.0, 16.0, 17.0,
 ];
 
+/// Buckets of per-step batch sizes (sessions or token rows in one batched forward).
+pub const BATCH_BUCKETS: &[f64] = &[
+    1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 128.0, 256.0, 512.0,
+];
+
 const METADATA: Metadata<'static> =
     Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
 
@@ -42,7 +47,7 @@ impl Default for Registry {
 
 impl Registry {
     /// An empty registry: `*_seconds` histograms get [`SECONDS_BUCKETS`], histograms named
-    /// `*acceptance_length` get [`LENGTH_BUCKETS`].
+    /// `*acceptance_length` get [`LENGTH_BUCKETS`], `*_per_step` ones [`BATCH_BUCKETS`].
     pub fn new() -> Self {
         let builder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
@@ -51,6 +56,9 @@ impl Registry {
                     Matcher::Suffix("acceptance_length".into()),
                     LENGTH_BUCKETS,
                 )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Suffix("_per_step".into()), BATCH_BUCKETS)
             })
             .unwrap_or_else(|_| PrometheusBuilder::new());
         let recorder = builder.build_recorder();

@@ -1,0 +1,419 @@
+//! `tandem bench load`: what many clients get from one verifier. A verifier and drafters run
+//! on loopback in this process (real sockets, gRPC); at each concurrency C, C clients each
+//! send `--requests` streamed requests one after another (closed loop), every request
+//! generating exactly `--max-tokens` tokens. Each mode runs on its own verifier: `plain`
+//! (no drafting), `fixed` (γ = `--gamma` every round), `adaptive` (each generation's γ
+//! chosen from its measured acceptance and costs). Reported per mode and concurrency:
+//! aggregate tok/s (all tokens over the wall time), per-user tok/s (a request's tokens over
+//! its time after the first token, averaged), time to first token and inter-token latency
+//! (a chunk's gap shared by its tokens) at p50 and p99, and the verifier's mean sessions and
+//! token rows per batched step. JSON and a PNG chart on request.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use pb::generation_client::GenerationClient;
+use serde::{Deserialize, Serialize};
+use tandem_engine::BatchLimits;
+use tandem_proto::v1 as pb;
+use tandem_tokenizer::GemmaTokenizer;
+use tandem_verifier::VerifierSettings;
+use tonic::transport::Channel;
+
+use crate::bench_rpc::PROMPTS;
+use crate::drafter::DrafterArgs;
+use crate::loopback::{self, Loopback};
+use crate::models::ModelArgs;
+use crate::scrape::{scrape, total};
+use crate::{prompt_sets, serve};
+
+/// How a mode's verifier drafts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadMode {
+    /// No drafting.
+    Plain,
+    /// γ = `--gamma` every round.
+    Fixed,
+    /// Each generation chooses its γ (up to `--gamma`) from what it measures.
+    Adaptive,
+}
+
+/// Flags of `tandem bench load`.
+#[derive(Args, Debug)]
+pub struct LoadArgs {
+    /// Concurrent clients, one run per value.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    concurrency: Vec<usize>,
+    /// Modes, each on its own verifier.
+    #[arg(long, value_delimiter = ',', default_value = "plain,fixed,adaptive")]
+    modes: Vec<LoadMode>,
+    /// Requests each client sends, one after another.
+    #[arg(long, default_value_t = 2)]
+    requests: usize,
+    /// Tokens per request (end-of-sequence ignored).
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// Sampling temperature (0: greedy); sampled requests are seeded per request.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Most tokens drafted per round.
+    #[arg(long, default_value_t = 8)]
+    gamma: usize,
+    /// Drafters the verifier drafts through.
+    #[arg(long, default_value_t = 2)]
+    drafters: usize,
+    /// Batch concurrent generations' forwards (false: each runs its own, as before
+    /// continuous batching).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    batching: bool,
+    /// A prompt file (drafters/eval/*.json); default: eight general prompts.
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Draw the chart here.
+    #[arg(long)]
+    png: Option<PathBuf>,
+    #[command(flatten)]
+    drafter: DrafterArgs,
+    #[command(flatten)]
+    models: ModelArgs,
+}
+
+/// One mode at one concurrency.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct Level {
+    pub mode: LoadMode,
+    pub concurrency: usize,
+    pub requests: usize,
+    pub tokens: usize,
+    pub wall_s: f64,
+    /// All tokens over the wall time.
+    pub aggregate_tok_s: f64,
+    /// Mean over requests of tokens after the first over the time after the first.
+    pub per_user_tok_s: f64,
+    pub ttft_p50_ms: f64,
+    pub ttft_p99_ms: f64,
+    pub itl_p50_ms: f64,
+    pub itl_p99_ms: f64,
+    /// The verifier's mean generations and token rows per batched step (0 unbatched).
+    pub sessions_per_step: f64,
+    pub rows_per_step: f64,
+    /// Draft tokens accepted over draft tokens verified (0 for plain).
+    pub acceptance: f64,
+}
+
+/// The whole run.
+#[derive(Serialize, Deserialize, Debug)]
+pub struct LoadReport {
+    pub prompts: String,
+    pub max_tokens: usize,
+    pub temperature: f32,
+    pub gamma: usize,
+    pub drafters: usize,
+    pub batching: bool,
+    pub levels: Vec<Level>,
+}
+
+/// What one request saw.
+struct Trace {
+    tokens: usize,
+    ttft_s: f64,
+    e2e_s: f64,
+    /// Per-token gaps after the first chunk.
+    itl_s: Vec<f64>,
+}
+
+pub fn run(a: LoadArgs) -> Result<()> {
+    if a.concurrency.is_empty() || a.concurrency.contains(&0) {
+        bail!("--concurrency needs positive client counts");
+    }
+    if a.requests == 0 || a.max_tokens < 2 {
+        bail!("--requests must be at least 1 and --max-tokens at least 2");
+    }
+    let mut levels = Vec::new();
+    for mode in &a.modes {
+        levels.extend(serve::runtime()?.block_on(run_mode(&a, *mode))?);
+    }
+    let report = LoadReport {
+        prompts: a
+            .prompts
+            .as_ref()
+            .map_or("general (bench rpc's eight)".into(), |p| {
+                p.display().to_string()
+            }),
+        max_tokens: a.max_tokens,
+        temperature: a.temperature,
+        gamma: a.gamma,
+        drafters: a.drafters,
+        batching: a.batching,
+        levels,
+    };
+    print_report(&report);
+    if let Some(path) = &a.json {
+        crate::bench::write_json(path, &report)?;
+    }
+    if let Some(path) = &a.png {
+        crate::chart_load::draw(path, &report)
+            .with_context(|| format!("drawing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The prompts as token ids (BOS first).
+fn prompt_ids(a: &LoadArgs, tok: &GemmaTokenizer) -> Result<Vec<Vec<u32>>> {
+    match &a.prompts {
+        None => PROMPTS.iter().map(|p| Ok(tok.encode(p, true)?)).collect(),
+        Some(path) => prompt_sets::load(path, tok, usize::MAX),
+    }
+}
+
+/// One mode's verifier, every concurrency in turn.
+async fn run_mode(a: &LoadArgs, mode: LoadMode) -> Result<Vec<Level>> {
+    let most = a.concurrency.iter().copied().max().unwrap_or(1);
+    let settings = VerifierSettings {
+        gamma: a.gamma.max(1),
+        adaptive_gamma: mode == LoadMode::Adaptive,
+        max_concurrent: most,
+        max_queued: most,
+        ..VerifierSettings::default()
+    };
+    let drafters = if mode == LoadMode::Plain {
+        0
+    } else {
+        a.drafters
+    };
+    let batching = a.batching.then(BatchLimits::default);
+    let lb = loopback::start_batched(&a.drafter, &a.models, drafters, settings, batching).await?;
+    let prompts = prompt_ids(a, lb.engine().tokenizer())?;
+    // Warm the path (connections, caches) before timing.
+    let mut warm = connect(&lb).await?;
+    Shared::of(a)
+        .request(&mut warm, mode, &prompts[0], 0)
+        .await?;
+    let mut levels = Vec::new();
+    for &c in &a.concurrency {
+        let before = scrape(lb.verifier_metrics()).await?;
+        let t0 = Instant::now();
+        let mut clients = tokio::task::JoinSet::new();
+        for i in 0..c {
+            let mut client = connect(&lb).await?;
+            let (a_mode, n) = (mode, a.requests);
+            let mine: Vec<(Vec<u32>, u64)> = (0..n)
+                .map(|j| {
+                    let k = i * n + j;
+                    (prompts[k % prompts.len()].clone(), k as u64)
+                })
+                .collect();
+            let args = Shared::of(a);
+            clients.spawn(async move {
+                let mut traces = Vec::with_capacity(mine.len());
+                for (prompt, seed) in mine {
+                    traces.push(args.request(&mut client, a_mode, &prompt, seed).await?);
+                }
+                anyhow::Ok(traces)
+            });
+        }
+        let mut traces = Vec::new();
+        while let Some(done) = clients.join_next().await {
+            traces.extend(done.context("a client task failed")??);
+        }
+        let wall_s = t0.elapsed().as_secs_f64();
+        let after = scrape(lb.verifier_metrics()).await?;
+        let level = summarize(mode, c, wall_s, &traces, &before, &after);
+        eprintln!(
+            "bench load: {:?} × {c}: {:.1} tok/s aggregate, {:.1} per user",
+            mode, level.aggregate_tok_s, level.per_user_tok_s
+        );
+        levels.push(level);
+    }
+    drop(lb);
+    Ok(levels)
+}
+
+async fn connect(lb: &Loopback) -> Result<GenerationClient<Channel>> {
+    let channel = Channel::from_shared(lb.url().to_string())?
+        .connect()
+        .await
+        .context("connecting to the loopback verifier")?;
+    Ok(GenerationClient::new(channel))
+}
+
+/// What a client task needs of the flags.
+#[derive(Clone, Copy)]
+struct Shared {
+    max_tokens: usize,
+    temperature: f32,
+    gamma: usize,
+}
+
+impl Shared {
+    fn of(a: &LoadArgs) -> Self {
+        Self {
+            max_tokens: a.max_tokens,
+            temperature: a.temperature,
+            gamma: a.gamma,
+        }
+    }
+
+    /// One streamed request, timed.
+    async fn request(
+        &self,
+        client: &mut GenerationClient<Channel>,
+        mode: LoadMode,
+        prompt: &[u32],
+        seed: u64,
+    ) -> Result<Trace> {
+        let ids = pb::TokenIds {
+            ids: prompt.to_vec(),
+        };
+        let req = pb::GenerateRequest {
+            prompt: Some(pb::generate_request::Prompt::TokenIds(ids)),
+            max_tokens: Some(self.max_tokens as u32),
+            ignore_eos: true,
+            speculative: Some(mode != LoadMode::Plain),
+            max_gamma: (mode != LoadMode::Plain).then_some(self.gamma as u32),
+            sampling: (self.temperature > 0.0).then(|| pb::SamplingParams {
+                temperature: Some(self.temperature),
+                seed: Some(seed),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let t0 = Instant::now();
+        let mut stream = client.generate(req).await?.into_inner();
+        let (mut tokens, mut ttft, mut last, mut itl) = (0, None, 0.0, Vec::new());
+        while let Some(msg) = stream.message().await? {
+            let now = t0.elapsed().as_secs_f64();
+            let n = msg.token_ids.len();
+            if n > 0 {
+                match ttft {
+                    None => ttft = Some(now),
+                    Some(_) => itl.extend(std::iter::repeat_n((now - last) / n as f64, n)),
+                }
+                last = now;
+                tokens += n;
+            }
+        }
+        if tokens != self.max_tokens {
+            bail!(
+                "a request generated {tokens} tokens, {} asked",
+                self.max_tokens
+            );
+        }
+        Ok(Trace {
+            tokens,
+            ttft_s: ttft.unwrap_or(last),
+            e2e_s: t0.elapsed().as_secs_f64(),
+            itl_s: itl,
+        })
+    }
+}
+
+fn summarize(
+    mode: LoadMode,
+    concurrency: usize,
+    wall_s: f64,
+    traces: &[Trace],
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+) -> Level {
+    let delta = |name: &str| total(after, name) - total(before, name);
+    let ratio = |num: f64, den: f64| if den > 0.0 { num / den } else { 0.0 };
+    let tokens: usize = traces.iter().map(|t| t.tokens).sum();
+    let per_user: Vec<f64> = traces
+        .iter()
+        .map(|t| ratio((t.tokens - 1) as f64, t.e2e_s - t.ttft_s))
+        .collect();
+    let ttft: Vec<f64> = traces.iter().map(|t| t.ttft_s * 1e3).collect();
+    let itl: Vec<f64> = traces
+        .iter()
+        .flat_map(|t| t.itl_s.iter().map(|s| s * 1e3))
+        .collect();
+    let steps = delta("tandem_batch_sessions_per_step_count");
+    Level {
+        mode,
+        concurrency,
+        requests: traces.len(),
+        tokens,
+        wall_s,
+        aggregate_tok_s: tokens as f64 / wall_s,
+        per_user_tok_s: per_user.iter().sum::<f64>() / per_user.len().max(1) as f64,
+        ttft_p50_ms: percentile(&ttft, 0.5),
+        ttft_p99_ms: percentile(&ttft, 0.99),
+        itl_p50_ms: percentile(&itl, 0.5),
+        itl_p99_ms: percentile(&itl, 0.99),
+        sessions_per_step: ratio(delta("tandem_batch_sessions_per_step_sum"), steps),
+        rows_per_step: ratio(delta("tandem_batch_rows_per_step_sum"), steps),
+        acceptance: ratio(
+            delta("tandem_spec_accepted_tokens_total"),
+            delta("tandem_spec_draft_tokens_total"),
+        ),
+    }
+}
+
+/// The `q` quantile of `v` (nearest rank; 0 for none).
+fn percentile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
+    s[rank - 1]
+}
+
+fn print_report(r: &LoadReport) {
+    println!(
+        "bench load: {} tokens per request, T = {}, γ ≤ {}, {} drafter(s), batching {}; prompts: {}",
+        r.max_tokens, r.temperature, r.gamma, r.drafters, r.batching, r.prompts
+    );
+    println!(
+        "{:<9} {:>3} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6} {:>6} {:>6}",
+        "mode",
+        "C",
+        "agg tok/s",
+        "user t/s",
+        "ttft p50",
+        "ttft p99",
+        "itl p50",
+        "itl p99",
+        "sess",
+        "rows",
+        "acc"
+    );
+    for l in &r.levels {
+        println!(
+            "{:<9} {:>3} {:>10.1} {:>9.1} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>6.2} {:>6.1} {:>6.2}",
+            format!("{:?}", l.mode).to_lowercase(),
+            l.concurrency,
+            l.aggregate_tok_s,
+            l.per_user_tok_s,
+            l.ttft_p50_ms,
+            l.ttft_p99_ms,
+            l.itl_p50_ms,
+            l.itl_p99_ms,
+            l.sessions_per_step,
+            l.rows_per_step,
+            l.acceptance
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_take_the_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 0.5), 50.0);
+        assert_eq!(percentile(&v, 0.99), 99.0);
+        assert_eq!(percentile(&[3.0], 0.99), 3.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+    }
+}
