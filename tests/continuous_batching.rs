@@ -4,12 +4,12 @@
 //! times — and every client gets exactly what an unbatched verifier without drafters gives
 //! the same request alone. Its /metrics show steps that held several generations.
 
-mod common;
+#![allow(clippy::unwrap_used)]
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::*;
+use tandem_e2e::*;
 use tandem_engine::{BatchLimits, Engine, Placement, TargetFiles};
 use tandem_proto::v1 as pb;
 use tandem_testkit::{real_gguf, real_tokenizer};
@@ -61,7 +61,9 @@ async fn batched_speculating_verifier_equals_unbatched_plain_runs() {
     let reference = start_verifier(VerifierSetup::default()).await;
     let mut want = Vec::new();
     for i in 0..PROMPTS.len() {
-        let (ids, ..) = generate(&reference.url, request_of(i, false)).await.unwrap();
+        let (ids, ..) = generate(&reference.url, request_of(i, false))
+            .await
+            .unwrap();
         want.push(ids);
     }
     let d1 = start_drafter_on("127.0.0.1", shipped_drafter(), target()).await;
@@ -83,8 +85,14 @@ async fn batched_speculating_verifier_equals_unbatched_plain_runs() {
         .collect();
     for (i, client) in clients.into_iter().enumerate() {
         let (ids, _, finished) = client.await.unwrap().expect("a batched generation");
-        assert_eq!(ids, want[i], "client {i} differs from its unbatched plain run");
-        assert_eq!(finished.usage.unwrap().completion_tokens as usize, want[i].len());
+        assert_eq!(
+            ids, want[i],
+            "client {i} differs from its unbatched plain run"
+        );
+        assert_eq!(
+            finished.usage.unwrap().completion_tokens as usize,
+            want[i].len()
+        );
     }
     let m = scrape(verifier.metrics).await;
     let steps = total(&m, "tandem_batch_sessions_per_step_count");
@@ -93,6 +101,12 @@ async fn batched_speculating_verifier_equals_unbatched_plain_runs() {
         .copied()
         .unwrap_or(0.0);
     assert!(steps > 0.0, "no batched step was recorded");
-    assert!(single < steps, "no step held two generations ({steps} steps)");
-    assert!(total(&m, "tandem_spec_draft_tokens_total") > 0.0, "nothing was drafted");
+    assert!(
+        single < steps,
+        "no step held two generations ({steps} steps)"
+    );
+    assert!(
+        total(&m, "tandem_spec_draft_tokens_total") > 0.0,
+        "nothing was drafted"
+    );
 }

@@ -47,7 +47,7 @@ enum BenchKind {
     Http(crate::bench_http::HttpArgs),
     /// Concurrent clients through a verifier and drafters on loopback: aggregate and
     /// per-user throughput, time to first token and inter-token latency at each
-    /// concurrency, plain against fixed and adaptive speculation.
+    /// concurrency, plain against fixed and scheduled speculation.
     Load(crate::bench_load::LoadArgs),
     /// Draws the chart of a saved `bench speculative` JSON report again.
     Chart(crate::chart::ChartArgs),

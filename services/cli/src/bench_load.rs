@@ -2,8 +2,9 @@
 //! on loopback in this process (real sockets, gRPC); at each concurrency C, C clients each
 //! send `--requests` streamed requests one after another (closed loop), every request
 //! generating exactly `--max-tokens` tokens. Each mode runs on its own verifier: `plain`
-//! (no drafting), `fixed` (γ = `--gamma` every round), `adaptive` (each generation's γ
-//! chosen from its measured acceptance and costs). Reported per mode and concurrency:
+//! (no drafting), `fixed` (γ = `--gamma` every round), `scheduled` (adaptive γ: the batch's
+//! draft scheduler chooses every generation's length from its acceptance and the measured
+//! step costs). Reported per mode and concurrency:
 //! aggregate tok/s (all tokens over the wall time), per-user tok/s (a request's tokens over
 //! its time after the first token, averaged), time to first token and inter-token latency
 //! (a chunk's gap shared by its tokens) at p50 and p99, and the verifier's mean sessions and
@@ -37,8 +38,9 @@ pub enum LoadMode {
     Plain,
     /// γ = `--gamma` every round.
     Fixed,
-    /// Each generation chooses its γ (up to `--gamma`) from what it measures.
-    Adaptive,
+    /// Adaptive γ (up to `--gamma`): the batch scheduler's lengths while generations share
+    /// steps, each generation's own policy while it runs alone.
+    Scheduled,
 }
 
 /// Flags of `tandem bench load`.
@@ -48,7 +50,7 @@ pub struct LoadArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
     concurrency: Vec<usize>,
     /// Modes, each on its own verifier.
-    #[arg(long, value_delimiter = ',', default_value = "plain,fixed,adaptive")]
+    #[arg(long, value_delimiter = ',', default_value = "plain,fixed,scheduled")]
     modes: Vec<LoadMode>,
     /// Requests each client sends, one after another.
     #[arg(long, default_value_t = 2)]
@@ -177,7 +179,7 @@ async fn run_mode(a: &LoadArgs, mode: LoadMode) -> Result<Vec<Level>> {
     let most = a.concurrency.iter().copied().max().unwrap_or(1);
     let settings = VerifierSettings {
         gamma: a.gamma.max(1),
-        adaptive_gamma: mode == LoadMode::Adaptive,
+        adaptive_gamma: mode == LoadMode::Scheduled,
         max_concurrent: most,
         max_queued: most,
         ..VerifierSettings::default()

@@ -1,6 +1,6 @@
 //! The PNG of `tandem bench load`: left, aggregate tok/s against concurrent clients; right,
 //! per-user tok/s against concurrent clients; one line per mode (plain grey, fixed γ red,
-//! adaptive blue). The x axis is logarithmic in the clients (1, 2, 4, …).
+//! scheduled blue). The x axis is logarithmic in the clients (1, 2, 4, …).
 
 use std::path::Path;
 
@@ -45,7 +45,7 @@ fn colour(mode: LoadMode) -> RGBColor {
     match mode {
         LoadMode::Plain => RGBColor(120, 120, 120),
         LoadMode::Fixed => RGBColor(200, 40, 40),
-        LoadMode::Adaptive => RGBColor(40, 80, 200),
+        LoadMode::Scheduled => RGBColor(40, 80, 200),
     }
 }
 
@@ -75,7 +75,7 @@ fn panel(
         .light_line_style(WHITE)
         .draw()
         .map_err(err)?;
-    for mode in [LoadMode::Plain, LoadMode::Fixed, LoadMode::Adaptive] {
+    for mode in [LoadMode::Plain, LoadMode::Fixed, LoadMode::Scheduled] {
         let points: Vec<(f64, f64)> = levels
             .iter()
             .filter(|l| l.mode == mode)

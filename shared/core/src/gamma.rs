@@ -213,6 +213,18 @@ impl GammaPolicy {
         })
     }
 
+    /// The probability that draft positions `1..=max_gamma` all survive up to each
+    /// ([`crate::schedule::survivals`] of the acceptance estimates).
+    pub fn survival(&self) -> Vec<f64> {
+        crate::schedule::survivals(&self.acceptances().collect::<Vec<_>>())
+    }
+
+    /// Whether enough plain rounds passed that a one-token draft should measure the drafter
+    /// again.
+    pub fn probe_due(&self) -> bool {
+        self.plain_rounds >= self.cfg.probe_every
+    }
+
     /// `E(0), E(1), …, E(max_gamma)`: expected tokens of a round drafting each γ.
     fn expected(&self) -> impl Iterator<Item = f64> + '_ {
         let tail = self.acceptances().scan((1.0, 1.0), |(reach, total), p| {
@@ -260,7 +272,7 @@ impl GammaPolicy {
             .map(|(g, e)| (g, e / self.cost(g)));
         let (best, _) = rates.fold((0, f64::NEG_INFINITY), |b, r| if r.1 > b.1 { r } else { b });
         match best {
-            0 if self.plain_rounds >= self.cfg.probe_every => 1,
+            0 if self.probe_due() => 1,
             g => g,
         }
     }

@@ -1,5 +1,5 @@
 //! The pure core of tandem: sampling, the acceptance rules of speculative decoding, the
-//! adaptive draft length and the proposer interface the round drafts through. No tensors, no I/O: plain slices in, plain
+//! adaptive draft length, the batch's draft scheduler and the proposer interface the round drafts through. No tensors, no I/O: plain slices in, plain
 //! values out, deterministic given a seed.
 
 pub mod ab;
@@ -14,6 +14,7 @@ pub mod logprobs;
 pub mod lookup;
 pub mod proposer;
 pub mod sampling;
+pub mod schedule;
 pub mod snapshot;
 pub mod stopping;
 
@@ -32,5 +33,6 @@ pub use proposer::{
 pub use sampling::{
     argmax, distribution, distribution_of, Sampler, SamplingError, SamplingParams, SparseDist,
 };
+pub use schedule::{allocate, survivals, StepCosts, Unscheduled};
 pub use snapshot::{PartSpec, SnapshotPart, SnapshotRows, SnapshotSpec, SnapshotSupport};
 pub use stopping::{Chunk, FinishReason, Output, StopConfig};

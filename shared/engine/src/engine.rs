@@ -26,6 +26,7 @@ use crate::memory::PolicyMemory;
 use crate::models::{Target, TargetFacts, TargetSequence, TargetStep};
 use crate::plan::Plan;
 use crate::request::GenerationRequest;
+use crate::schedule::{DraftScheduler, Seat};
 use crate::stats::{RoundStats, SpecStats, Timing};
 
 /// What the caller's sink receives after the first token and after every round.
@@ -66,18 +67,30 @@ pub struct Engine {
     tokenizer: Arc<GemmaTokenizer>,
     memory: Arc<PolicyMemory>,
     context_limit: Option<usize>,
+    scheduler: Option<Arc<DraftScheduler>>,
 }
 
 impl Engine {
     /// An engine over a loaded target (Gemma 3 or Gemma 4) and its tokenizer. Its clones
-    /// share what adaptive generations learn about drafting.
+    /// share what adaptive generations learn about drafting and, where the target batches
+    /// generations, the draft scheduler of the batch.
     pub fn new(model: Arc<dyn Target>, tokenizer: Arc<GemmaTokenizer>) -> Self {
+        let scheduler = model.step_costs().map(|c| Arc::new(DraftScheduler::new(c)));
+        if let Some(s) = &scheduler {
+            model.observe_steps(s.clone());
+        }
         Self {
             model,
             tokenizer,
             memory: Arc::default(),
             context_limit: None,
+            scheduler,
         }
+    }
+
+    /// The draft scheduler of the batch, where the target batches generations.
+    pub fn scheduler(&self) -> Option<&Arc<DraftScheduler>> {
+        self.scheduler.as_ref()
     }
 
     /// The engine with requests limited to `limit` positions (prompt and new tokens),
@@ -168,6 +181,8 @@ struct Generation<'e> {
     drafting: Option<Drafting>,
     gamma: usize,
     policy: Option<GammaPolicy>,
+    /// Its place in the batch, where the target batches generations.
+    seat: Option<Seat<'e>>,
     stats: SpecStats,
     timing: Timing,
     started: Instant,
@@ -202,6 +217,7 @@ impl<'e> Generation<'e> {
             drafting,
             gamma,
             policy,
+            seat: engine.scheduler.as_deref().map(DraftScheduler::seat),
             stats,
             timing: Timing::default(),
             started,
@@ -224,6 +240,33 @@ impl<'e> Generation<'e> {
         }
         self.timing.decode_s = decode_start.elapsed().as_secs_f64();
         Ok(())
+    }
+
+    /// This round's γ before the room left caps it: the batch scheduler's for an adaptive
+    /// generation that shares steps with others, its own policy's for one alone, the
+    /// request's otherwise (declared to the scheduler with the tokens its rounds emit).
+    fn choose_gamma(&self) -> usize {
+        let Some(policy) = &self.policy else {
+            if let Some(seat) = &self.seat {
+                let gamma = if self.drafting.is_some() {
+                    self.gamma
+                } else {
+                    0
+                };
+                let expected = self.stats.mean_acceptance_length().unwrap_or(1.0);
+                seat.fixed(gamma, expected);
+            }
+            return self.gamma;
+        };
+        match self
+            .seat
+            .as_ref()
+            .and_then(|s| s.schedule(policy.survival()))
+        {
+            Some(0) if policy.probe_due() => 1,
+            Some(gamma) => gamma,
+            None => policy.choose(),
+        }
     }
 
     /// Runs `tokens` at `pos`, with the snapshot rows the proposer (if any) consumes.
@@ -252,7 +295,7 @@ impl<'e> Generation<'e> {
     fn round(&mut self, anchor: u32) -> Result<(Vec<u32>, RoundStats)> {
         let n = self.cache.len();
         let room = self.cache.max_len() - n - 1;
-        let want = self.policy.as_ref().map_or(self.gamma, GammaPolicy::choose);
+        let want = self.choose_gamma();
         let gamma = want.min(self.output.remaining() - 1).min(room);
         let t0 = Instant::now();
         let mut draft = match (&mut self.drafting, gamma) {

@@ -1,7 +1,8 @@
 //! Generation on a Gemma 3 or Gemma 4 target ([`Target`]), plain or speculative, in one
 //! process: the verifier's round over any [`tandem_core::Proposer`], the request handling
 //! every front end shares (sampling, stop conditions, streamed text), the plan a request
-//! runs with (its γ cap and KV-cache size, shared with admission), loading targets, and the
+//! runs with (its γ cap and KV-cache size, shared with admission), batching generations'
+//! forwards and scheduling their draft lengths, loading targets, and the
 //! statistics a generation reports.
 
 mod drafting;
@@ -12,6 +13,7 @@ mod memory;
 mod models;
 mod plan;
 mod request;
+mod schedule;
 mod stats;
 
 pub use drafting::check_block;
@@ -24,4 +26,5 @@ pub use models::{
 };
 pub use plan::{drafting_gamma, Plan};
 pub use request::GenerationRequest;
+pub use schedule::{DraftScheduler, Seat};
 pub use stats::{RoundStats, SpecStats, Timing};

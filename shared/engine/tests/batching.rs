@@ -1,8 +1,8 @@
 //! Continuous batching on the real Gemma 3 270M: generations that run at the same time on a
 //! batched engine (their forwards in shared steps, prompts prefilled in chunks) emit exactly
 //! what each emits alone on an unbatched engine — greedy and seeded sampling, plain and
-//! speculative — while sessions of different lengths join and leave mid-run; the steps
-//! really held several sessions.
+//! speculative, fixed γ and scheduled — while sessions of different lengths join and leave
+//! mid-run; the steps really held several sessions.
 
 mod common;
 
@@ -49,6 +49,8 @@ fn jobs() -> Vec<Job> {
             let max_tokens = 12 + 6 * i;
             let gamma = if i % 2 == 0 { 4 } else { 0 };
             let mut req = request(prompt, max_tokens, gamma);
+            // Half the speculating ones take the batch scheduler's lengths.
+            req.adaptive_gamma = i % 4 == 0;
             if i % 4 == 3 || i % 4 == 2 {
                 req.sampling = SamplingParams {
                     temperature: 0.8,

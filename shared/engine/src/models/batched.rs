@@ -9,16 +9,17 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
-use tandem_core::{SnapshotSpec, SnapshotSupport, TargetIdentity};
+use tandem_core::{SnapshotSpec, SnapshotSupport, StepCosts, TargetIdentity};
 use tandem_gemma::{
-    ForwardOptions, ForwardOutput, Gemma3, GemmaError, KvCache, LogitsMode, TargetHead,
+    ForwardOptions, ForwardOutput, Gemma3, GemmaError, KvCache, LogitsMode, Segment, TargetHead,
 };
 
 use super::gemma3::{forward_options, interleave};
-use super::stepper::{BatchLimits, Job, StepObserver, Stepper};
+use super::stepper::{BatchLimits, Job, Observers, StepObserver, Stepper};
 use super::{Target, TargetFacts, TargetSequence, TargetStep};
 use crate::error::{EngineError, Result};
 
@@ -26,7 +27,8 @@ use crate::error::{EngineError, Result};
 pub struct BatchedGemma3 {
     model: Arc<Gemma3>,
     limits: BatchLimits,
-    observer: Arc<OnceLock<Arc<dyn StepObserver>>>,
+    observers: Observers,
+    costs: StepCosts,
     alive: Arc<AtomicUsize>,
     jobs: Option<Sender<Job>>,
     stepper: Option<JoinHandle<()>>,
@@ -41,14 +43,15 @@ impl BatchedGemma3 {
             ..limits
         };
         let (tx, rx) = mpsc::channel();
-        let observer = Arc::new(OnceLock::<Arc<dyn StepObserver>>::new());
+        let costs = profile(&model)?;
+        let observers: Observers = Arc::default();
         let alive = Arc::new(AtomicUsize::new(0));
         let stepper = Stepper {
             model: model.clone(),
             jobs: rx,
             limits,
             alive: alive.clone(),
-            observer: observer.clone(),
+            observers: observers.clone(),
         };
         let stepper = std::thread::Builder::new()
             .name("tandem-stepper".into())
@@ -57,7 +60,8 @@ impl BatchedGemma3 {
         Ok(Self {
             model,
             limits,
-            observer,
+            observers,
+            costs,
             alive,
             jobs: Some(tx),
             stepper: Some(stepper),
@@ -102,6 +106,51 @@ impl BatchedGemma3 {
     }
 }
 
+/// Rows of the start-up profile's steps.
+const PROFILE_ROWS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+/// Context of each profiled sequence.
+const PROFILE_CONTEXT: usize = 32;
+
+/// The seconds of a step of one-row forwards (every row's logits) of 1 to 64 sequences at a
+/// short context, the fastest of two runs each: the scheduler's first step costs.
+fn profile(model: &Gemma3) -> Result<StepCosts> {
+    let context: Vec<u32> = (0..PROFILE_CONTEXT as u32).map(|i| 1000 + 7 * i).collect();
+    let mut base = model.new_cache(PROFILE_CONTEXT + 1);
+    let none = ForwardOptions {
+        logits: LogitsMode::None,
+        taps: Vec::new(),
+    };
+    model.forward(&context, 0, &mut base, &none)?;
+    let all = ForwardOptions::default();
+    let mut points = Vec::with_capacity(PROFILE_ROWS.len());
+    for rows in PROFILE_ROWS {
+        let mut caches = vec![base.clone(); rows];
+        let mut best = f64::INFINITY;
+        for _ in 0..2 {
+            let mut segs: Vec<Segment<'_>> = caches
+                .iter_mut()
+                .map(|cache| Segment {
+                    tokens: &[2000],
+                    pos: PROFILE_CONTEXT,
+                    cache,
+                    opts: &all,
+                })
+                .collect();
+            let t0 = Instant::now();
+            model.forward_ragged(&mut segs)?;
+            best = best.min(t0.elapsed().as_secs_f64());
+            drop(segs);
+            caches
+                .iter_mut()
+                .try_for_each(|c| c.truncate(PROFILE_CONTEXT))?;
+        }
+        points.push((rows, best));
+    }
+    tracing::debug!(?points, "batched step costs profiled");
+    StepCosts::new(&points)
+        .ok_or_else(|| EngineError::Load("profiling batched steps measured no time".into()))
+}
+
 impl Drop for BatchedGemma3 {
     fn drop(&mut self) {
         self.jobs.take();
@@ -129,8 +178,15 @@ impl Target for BatchedGemma3 {
     }
 
     fn observe_steps(&self, observer: Arc<dyn StepObserver>) -> bool {
-        let _ = self.observer.set(observer);
+        self.observers
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(observer);
         true
+    }
+
+    fn step_costs(&self) -> Option<StepCosts> {
+        Some(self.costs.clone())
     }
 
     fn start(&self, max_len: usize) -> Box<dyn TargetSequence + '_> {

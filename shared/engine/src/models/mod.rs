@@ -17,8 +17,8 @@ pub use stepper::{BatchLimits, StepObserver, StepReport};
 use std::sync::Arc;
 
 use candle_core::Tensor;
-use tandem_core::TargetIdentity;
 use tandem_core::{SnapshotSpec, SnapshotSupport};
+use tandem_core::{StepCosts, TargetIdentity};
 use tandem_gemma::{LogitsMode, TargetHead, TopRow};
 
 use crate::error::Result;
@@ -64,10 +64,14 @@ pub trait Target: Send + Sync {
     /// A fresh sequence (an empty KV cache) of at most `max_len` positions.
     fn start(&self, max_len: usize) -> Box<dyn TargetSequence + '_>;
     /// Whether concurrent generations share forwards ([`BatchedGemma3`]); where they do,
-    /// `observer` receives every step's figures (the first observer given is kept).
+    /// `observer` receives every step's figures from now on.
     fn observe_steps(&self, observer: Arc<dyn StepObserver>) -> bool {
         let _ = observer;
         false
+    }
+    /// The measured seconds of a batched step by its rows, where generations share steps.
+    fn step_costs(&self) -> Option<StepCosts> {
+        None
     }
 }
 

@@ -8,7 +8,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use tandem_gemma::{ForwardOptions, ForwardOutput, Gemma3, GemmaError, KvCache, Segment};
@@ -51,6 +51,9 @@ pub trait StepObserver: Send + Sync {
     fn step(&self, report: &StepReport);
 }
 
+/// Everything that receives the steps' reports.
+pub(super) type Observers = Arc<RwLock<Vec<Arc<dyn StepObserver>>>>;
+
 /// A forward waiting for a step: the cache travels with it and comes back with the output.
 pub(super) struct Job {
     pub(super) tokens: Vec<u32>,
@@ -67,7 +70,7 @@ pub(super) struct Stepper {
     pub(super) limits: BatchLimits,
     /// Generations (sequences) that exist.
     pub(super) alive: Arc<AtomicUsize>,
-    pub(super) observer: Arc<OnceLock<Arc<dyn StepObserver>>>,
+    pub(super) observers: Observers,
 }
 
 impl Stepper {
@@ -139,9 +142,8 @@ impl Stepper {
             };
             drop(segs);
             seconds = Some(report.seconds);
-            if let Some(o) = self.observer.get() {
-                o.step(&report);
-            }
+            let observers = self.observers.read().unwrap_or_else(|e| e.into_inner());
+            observers.iter().for_each(|o| o.step(&report));
             match outs {
                 Ok(outs) => replies.extend(
                     ready

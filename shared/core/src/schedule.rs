@@ -1,0 +1,253 @@
+//! Draft lengths for a batch of generations that share target steps: the throughput-optimal
+//! scheduler of DSpark (arXiv 2607.05147, Algorithm 1). Each generation `i` drafting `γ_i`
+//! tokens puts `1 + γ_i` rows in the step and emits `E_i = 1 + Σ_{k ≤ γ_i} S_ik` tokens in
+//! expectation, `S_ik` the probability that its first `k` drafts all survive. A step of `R`
+//! rows costs `T(R)` seconds (measured: [`StepCosts`]). Draft slots `(i, k)` are admitted in
+//! decreasing order of survival — within a generation survival falls with `k`, so every
+//! admitted set is a prefix per generation — and the admitted prefix that maximises the
+//! batch's expected tokens per second `Σ E_i / T(R)` is kept. Generations whose drafts do
+//! not pay get `γ = 0`. Which lengths it picks never changes what is generated.
+
+/// Seconds of a target step by its rows, from a profile and refreshed by observed steps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepCosts {
+    /// `(rows, seconds)`, rows strictly increasing, seconds positive.
+    points: Vec<(usize, f64)>,
+    /// Weight an observed step gives its nearest point.
+    learn: f64,
+}
+
+impl StepCosts {
+    /// Costs from measured `(rows, seconds)` points (any order; non-positive or non-finite
+    /// seconds and zero rows are dropped; `None` if no point is left).
+    pub fn new(points: &[(usize, f64)]) -> Option<Self> {
+        let mut p: Vec<(usize, f64)> = points
+            .iter()
+            .copied()
+            .filter(|(r, s)| *r > 0 && s.is_finite() && *s > 0.0)
+            .collect();
+        p.sort_by_key(|(r, _)| *r);
+        p.dedup_by_key(|(r, _)| *r);
+        (!p.is_empty()).then_some(Self {
+            points: p,
+            learn: 0.1,
+        })
+    }
+
+    /// The measured points.
+    pub fn points(&self) -> &[(usize, f64)] {
+        &self.points
+    }
+
+    /// Seconds of a step of `rows` rows: linear between the points, the last segment's
+    /// slope beyond them, the first point's cost below it.
+    pub fn seconds(&self, rows: usize) -> f64 {
+        let p = &self.points;
+        let (r0, s0) = p[0];
+        if rows <= r0 || p.len() == 1 {
+            let per_row = s0 / r0 as f64;
+            return if rows <= r0 {
+                s0
+            } else {
+                per_row * rows as f64
+            };
+        }
+        let i = p
+            .iter()
+            .position(|(r, _)| *r >= rows)
+            .unwrap_or(p.len() - 1)
+            .max(1);
+        let ((ra, sa), (rb, sb)) = (p[i - 1], p[i]);
+        let slope = (sb - sa) / (rb - ra) as f64;
+        (sa + slope * (rows as f64 - ra as f64)).max(f64::MIN_POSITIVE)
+    }
+
+    /// Corrects the point nearest to `rows` (in ratio) by a step towards what an observed
+    /// step of `rows` rows took against what the costs predicted.
+    pub fn observe(&mut self, rows: usize, seconds: f64) {
+        if rows == 0 || !seconds.is_finite() || seconds <= 0.0 {
+            return;
+        }
+        let factor = seconds / self.seconds(rows);
+        let distance = |r: usize| ((r as f64) / (rows as f64)).ln().abs();
+        let nearest = self
+            .points
+            .iter_mut()
+            .min_by(|a, b| distance(a.0).total_cmp(&distance(b.0)));
+        if let Some((_, s)) = nearest {
+            *s *= 1.0 + self.learn * (factor - 1.0);
+        }
+    }
+}
+
+/// Prefix survivals `S_1 ≥ S_2 ≥ …` from per-position acceptance rates (each given the
+/// positions before it were accepted), clamped to [0, 1].
+pub fn survivals(acceptance: &[f64]) -> Vec<f64> {
+    acceptance
+        .iter()
+        .scan(1.0f64, |s, a| {
+            *s *= a.clamp(0.0, 1.0);
+            Some(*s)
+        })
+        .collect()
+}
+
+/// Rows and expected tokens per step of the generations in the batch whose draft lengths
+/// are not scheduled (plain decoding, a fixed γ).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Unscheduled {
+    /// Their rows per step.
+    pub rows: usize,
+    /// Their expected tokens per step.
+    pub expected: f64,
+}
+
+/// The draft length of each generation (`survival[i]` its prefix survivals, as many as it
+/// may draft) that maximises the batch's expected tokens per second under `costs`, beside
+/// the `others` whose lengths are given.
+pub fn allocate(survival: &[Vec<f64>], others: Unscheduled, costs: &StepCosts) -> Vec<usize> {
+    let n = survival.len();
+    let mut slots: Vec<(f64, usize, usize)> = survival
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| {
+            // Enforce a falling profile, so that admitting by survival keeps prefixes.
+            s.iter()
+                .scan(1.0f64, |m, x| {
+                    *m = m.min(x.clamp(0.0, 1.0));
+                    Some(*m)
+                })
+                .enumerate()
+                .map(move |(k, x)| (x, i, k))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    // Highest survival first; ties by generation then position (deterministic).
+    slots.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let (mut expected, mut rows) = (n as f64 + others.expected, n + others.rows);
+    let mut best = (expected / costs.seconds(rows), 0);
+    for (taken, (s, _, _)) in slots.iter().enumerate() {
+        expected += s;
+        rows += 1;
+        let rate = expected / costs.seconds(rows);
+        if rate > best.0 {
+            best = (rate, taken + 1);
+        }
+    }
+    let mut gamma = vec![0; n];
+    for (_, i, _) in &slots[..best.1] {
+        gamma[*i] += 1;
+    }
+    gamma
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn costs(points: &[(usize, f64)]) -> StepCosts {
+        StepCosts::new(points).expect("points")
+    }
+
+    /// The batch's expected tokens per second of an allocation.
+    fn rate(survival: &[Vec<f64>], gamma: &[usize], c: &StepCosts) -> f64 {
+        let e: f64 = survival
+            .iter()
+            .zip(gamma)
+            .map(|(s, g)| 1.0 + s[..*g].iter().sum::<f64>())
+            .sum();
+        let rows: usize = gamma.iter().map(|g| 1 + g).sum();
+        e / c.seconds(rows)
+    }
+
+    #[test]
+    fn costs_interpolate_and_extrapolate() {
+        let c = costs(&[(1, 10.0), (4, 16.0), (8, 28.0)]);
+        assert_eq!(c.seconds(1), 10.0);
+        assert_eq!(c.seconds(2), 12.0);
+        assert_eq!(c.seconds(8), 28.0);
+        assert_eq!(c.seconds(12), 40.0);
+        assert!(StepCosts::new(&[(0, 1.0), (3, f64::NAN)]).is_none());
+    }
+
+    #[test]
+    fn observed_steps_move_the_nearest_point() {
+        let mut c = costs(&[(1, 10.0), (8, 28.0)]);
+        c.observe(7, 2.0 * c.seconds(7));
+        assert_eq!(c.points()[0], (1, 10.0));
+        assert!((c.points()[1].1 - 30.8).abs() < 1e-9);
+        for _ in 0..200 {
+            c.observe(8, 40.0);
+        }
+        assert!((c.seconds(8) - 40.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn a_flat_cost_takes_every_surviving_draft() {
+        let c = costs(&[(1, 1.0), (64, 1.0)]);
+        let s = vec![survivals(&[0.9, 0.5, 0.5]), survivals(&[0.1, 0.1, 0.1])];
+        assert_eq!(allocate(&s, Unscheduled::default(), &c), vec![3, 3]);
+    }
+
+    #[test]
+    fn a_linear_cost_drafts_nothing_that_survives_less_than_the_rows_yield() {
+        // Each row costs as much as the first: a draft pays only with survival ≥ tokens
+        // per row, which is 1 without drafts.
+        let c = costs(&[(1, 1.0), (64, 64.0)]);
+        let s = vec![vec![0.99, 0.98], vec![0.5, 0.2]];
+        assert_eq!(allocate(&s, Unscheduled::default(), &c), vec![0, 0]);
+    }
+
+    #[test]
+    fn the_batch_shares_rows_by_survival() {
+        // A step of 2 rows costs 1, then 0.1 per row: good drafts go first.
+        let c = costs(&[(2, 1.0), (10, 1.8)]);
+        let s = vec![survivals(&[0.9, 0.9, 0.9]), survivals(&[0.6, 0.1, 0.5])];
+        let g = allocate(&s, Unscheduled::default(), &c);
+        assert_eq!(g, vec![3, 1]);
+    }
+
+    #[test]
+    fn unscheduled_generations_count_in_the_batch() {
+        // Alone, a 0.5 draft pays (1.5 tokens for 1.2 against 1 for 1); beside eight plain
+        // generations the batch yields 9 tokens for 8.0 and a row more costs 0.5, which
+        // 0.5 of a token does not pay for.
+        let c = costs(&[(1, 1.0), (2, 1.2), (9, 8.0), (10, 8.5)]);
+        let s = vec![vec![0.5]];
+        assert_eq!(allocate(&s, Unscheduled::default(), &c), vec![1]);
+        let eight = Unscheduled {
+            rows: 8,
+            expected: 8.0,
+        };
+        assert_eq!(allocate(&s, eight, &c), vec![0]);
+    }
+
+    proptest! {
+        /// No single-generation change, and neither all-zero nor all-max, beats the
+        /// allocation; survivals only fall along a generation.
+        #[test]
+        fn the_allocation_is_at_least_as_good_as_its_neighbours(
+            acc in proptest::collection::vec(proptest::collection::vec(0.0f64..1.0, 0..6), 1..6),
+            per_row in 0.0f64..1.5,
+        ) {
+            let c = costs(&[(1, 1.0), (2, 1.0 + per_row), (64, 1.0 + 63.0 * per_row)]);
+            let s: Vec<Vec<f64>> = acc.iter().map(|a| survivals(a)).collect();
+            let g = allocate(&s, Unscheduled::default(), &c);
+            let best = rate(&s, &g, &c);
+            for (i, si) in s.iter().enumerate() {
+                prop_assert!(g[i] <= si.len());
+                for other in 0..=si.len() {
+                    let mut h = g.clone();
+                    h[i] = other;
+                    prop_assert!(rate(&s, &h, &c) <= best + 1e-9, "{g:?} vs {h:?}");
+                }
+            }
+            let zero = vec![0; s.len()];
+            let full: Vec<usize> = s.iter().map(Vec::len).collect();
+            prop_assert!(rate(&s, &zero, &c) <= best + 1e-9);
+            prop_assert!(rate(&s, &full, &c) <= best + 1e-9);
+        }
+    }
+}

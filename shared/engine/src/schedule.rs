@@ -1,0 +1,180 @@
+//! The draft scheduler of an engine whose generations share batched steps (DSpark's
+//! Algorithm 1, [`tandem_core::schedule`]). Every running generation holds a [`Seat`]:
+//! adaptive ones post the survival profile their acceptance implies and get back the draft
+//! length that maximises the whole batch's expected tokens per second under the measured
+//! step costs; plain and fixed-γ ones declare the rows and tokens they bring. A generation
+//! alone keeps its own policy (which also weighs its drafting time). The step costs come
+//! from the target's start-up profile and are refreshed by every step it runs.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use tandem_core::{allocate, StepCosts, Unscheduled};
+
+use crate::models::{StepObserver, StepReport};
+
+/// What a seat brings to the batch.
+#[derive(Debug, Clone)]
+enum Claim {
+    /// Its draft length is scheduled from these prefix survivals.
+    Scheduled(Vec<f64>),
+    /// Rows and expected tokens per step it brings whatever the scheduler says.
+    Fixed { rows: usize, expected: f64 },
+}
+
+struct State {
+    costs: StepCosts,
+    seats: BTreeMap<u64, Claim>,
+    next: u64,
+}
+
+/// The scheduler of one engine's batch.
+pub struct DraftScheduler {
+    state: Mutex<State>,
+}
+
+impl DraftScheduler {
+    /// A scheduler with `costs` as its starting step costs.
+    pub fn new(costs: StepCosts) -> Self {
+        Self {
+            state: Mutex::new(State {
+                costs,
+                seats: BTreeMap::new(),
+                next: 0,
+            }),
+        }
+    }
+
+    /// A seat for a new generation, counted as one plain row until it says more.
+    pub fn seat(&self) -> Seat<'_> {
+        let mut s = self.lock();
+        let id = s.next;
+        s.next += 1;
+        s.seats.insert(
+            id,
+            Claim::Fixed {
+                rows: 1,
+                expected: 1.0,
+            },
+        );
+        Seat {
+            scheduler: self,
+            id,
+        }
+    }
+
+    /// The current step costs.
+    pub fn costs(&self) -> StepCosts {
+        self.lock().costs.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state stays consistent whatever panicked while holding it.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl StepObserver for DraftScheduler {
+    fn step(&self, r: &StepReport) {
+        self.lock().costs.observe(r.rows, r.seconds);
+    }
+}
+
+/// A running generation's place in the batch; leaves it when dropped.
+pub struct Seat<'s> {
+    scheduler: &'s DraftScheduler,
+    id: u64,
+}
+
+impl Seat<'_> {
+    /// Declares a fixed draft length (0: plain) and the tokens a round is expected to emit.
+    pub fn fixed(&self, gamma: usize, expected: f64) {
+        let claim = Claim::Fixed {
+            rows: 1 + gamma,
+            expected: expected.max(1.0),
+        };
+        self.scheduler.lock().seats.insert(self.id, claim);
+    }
+
+    /// Posts this generation's prefix survivals (as many as it may draft) and returns its
+    /// draft length for the batch as it stands; `None` when it is alone.
+    pub fn schedule(&self, survival: Vec<f64>) -> Option<usize> {
+        let mut s = self.scheduler.lock();
+        s.seats.insert(self.id, Claim::Scheduled(survival));
+        if s.seats.len() < 2 {
+            return None;
+        }
+        let (mut ids, mut profiles, mut others) = (Vec::new(), Vec::new(), Unscheduled::default());
+        for (id, claim) in &s.seats {
+            match claim {
+                Claim::Scheduled(p) => {
+                    ids.push(*id);
+                    profiles.push(p.clone());
+                }
+                Claim::Fixed { rows, expected } => {
+                    others.rows += rows;
+                    others.expected += expected;
+                }
+            }
+        }
+        let gammas = allocate(&profiles, others, &s.costs);
+        ids.iter().position(|id| *id == self.id).map(|i| gammas[i])
+    }
+}
+
+impl Drop for Seat<'_> {
+    fn drop(&mut self) {
+        self.scheduler.lock().seats.remove(&self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scheduler() -> DraftScheduler {
+        // A step costs 10 ms plus 5 ms a row.
+        let points: Vec<(usize, f64)> = [1, 8, 64]
+            .iter()
+            .map(|r| (*r, 0.010 + 0.005 * *r as f64))
+            .collect();
+        DraftScheduler::new(StepCosts::new(&points).expect("costs"))
+    }
+
+    #[test]
+    fn a_lone_generation_keeps_its_own_policy() {
+        let s = scheduler();
+        let seat = s.seat();
+        assert_eq!(seat.schedule(vec![0.9, 0.8]), None);
+    }
+
+    #[test]
+    fn seats_share_the_batch_and_leave_it() {
+        let s = scheduler();
+        let (a, b) = (s.seat(), s.seat());
+        // Sure drafts pay beside a plain generation; hopeless ones do not.
+        assert_eq!(a.schedule(vec![0.99, 0.98, 0.97]), Some(3));
+        assert_eq!(b.schedule(vec![0.01, 0.0001]), Some(0));
+        let crowd: Vec<Seat<'_>> = (0..30).map(|_| s.seat()).collect();
+        crowd.iter().for_each(|c| c.fixed(0, 1.0));
+        // Beside thirty plain generations a row costs more than a 0.5 draft brings.
+        assert_eq!(a.schedule(vec![0.5, 0.25]), Some(0));
+        drop(crowd);
+        drop(b);
+        assert_eq!(a.schedule(vec![0.5, 0.25]), None);
+    }
+
+    #[test]
+    fn steps_refresh_the_costs() {
+        let s = scheduler();
+        let before = s.costs().seconds(8);
+        for _ in 0..50 {
+            s.step(&StepReport {
+                sequences: 8,
+                rows: 8,
+                seconds: 0.2,
+            });
+        }
+        assert!(s.costs().seconds(8) > before * 2.0);
+    }
+}
