@@ -102,41 +102,83 @@ pub struct Unscheduled {
     pub expected: f64,
 }
 
-/// The draft length of each generation (`survival[i]` its prefix survivals, as many as it
-/// may draft) that maximises the batch's expected tokens per second under `costs`, beside
-/// the `others` whose lengths are given.
-pub fn allocate(survival: &[Vec<f64>], others: Unscheduled, costs: &StepCosts) -> Vec<usize> {
-    let n = survival.len();
-    let mut slots: Vec<(f64, usize, usize)> = survival
+/// What a scheduled generation brings: the prefix survivals of the drafts it may make and
+/// the seconds its drafting costs a round (time the batch's compute spends on it when the
+/// drafter shares it; latency that keeps the generation out of steps otherwise).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Drafts {
+    /// `S_1 ≥ S_2 ≥ …`, as many as it may draft.
+    pub survival: Vec<f64>,
+    /// Seconds of drafting per round that drafts anything.
+    pub draft_s: f64,
+}
+
+/// The batch's expected tokens per second with draft lengths `gamma`.
+fn rate(sessions: &[Drafts], gamma: &[usize], others: Unscheduled, costs: &StepCosts) -> f64 {
+    let (mut expected, mut rows, mut draft) = (others.expected, others.rows, 0.0);
+    for (d, g) in sessions.iter().zip(gamma) {
+        expected += 1.0 + d.survival[..*g].iter().sum::<f64>();
+        rows += 1 + g;
+        if *g > 0 {
+            draft += d.draft_s.max(0.0);
+        }
+    }
+    expected / (costs.seconds(rows) + draft)
+}
+
+/// The draft length of each generation that maximises the batch's expected tokens per
+/// second under `costs`, beside the `others` whose lengths are given: slots admitted by
+/// survival (a generation's drafting cost counted with its first slot) up to the best
+/// prefix, then each generation's length improved alone while any change pays, so that
+/// no single generation's length can do better.
+pub fn allocate(sessions: &[Drafts], others: Unscheduled, costs: &StepCosts) -> Vec<usize> {
+    let sessions: Vec<Drafts> = sessions
         .iter()
-        .enumerate()
-        .flat_map(|(i, s)| {
-            // Enforce a falling profile, so that admitting by survival keeps prefixes.
-            s.iter()
+        .map(|d| Drafts {
+            // A falling profile in [0, 1], so that admitting by survival keeps prefixes.
+            survival: d
+                .survival
+                .iter()
                 .scan(1.0f64, |m, x| {
                     *m = m.min(x.clamp(0.0, 1.0));
                     Some(*m)
                 })
-                .enumerate()
-                .map(move |(k, x)| (x, i, k))
-                .collect::<Vec<_>>()
+                .collect(),
+            draft_s: d.draft_s,
         })
         .collect();
-    // Highest survival first; ties by generation then position (deterministic).
-    slots.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    let (mut expected, mut rows) = (n as f64 + others.expected, n + others.rows);
-    let mut best = (expected / costs.seconds(rows), 0);
-    for (taken, (s, _, _)) in slots.iter().enumerate() {
-        expected += s;
-        rows += 1;
-        let rate = expected / costs.seconds(rows);
-        if rate > best.0 {
-            best = (rate, taken + 1);
+    let mut slots: Vec<(f64, usize)> = sessions
+        .iter()
+        .enumerate()
+        .flat_map(|(i, d)| d.survival.iter().map(move |x| (*x, i)))
+        .collect();
+    // Highest survival first; ties by generation (deterministic, prefixes kept).
+    slots.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut gamma = vec![0; sessions.len()];
+    let mut best = (rate(&sessions, &gamma, others, costs), gamma.clone());
+    for (_, i) in &slots {
+        gamma[*i] += 1;
+        let r = rate(&sessions, &gamma, others, costs);
+        if r > best.0 {
+            best = (r, gamma.clone());
         }
     }
-    let mut gamma = vec![0; n];
-    for (_, i, _) in &slots[..best.1] {
-        gamma[*i] += 1;
+    let (mut best_rate, mut gamma) = best;
+    for _ in 0..8 {
+        let mut moved = false;
+        for i in 0..sessions.len() {
+            let mut trial = gamma.clone();
+            for g in 0..=sessions[i].survival.len() {
+                trial[i] = g;
+                let r = rate(&sessions, &trial, others, costs);
+                if r > best_rate * (1.0 + 1e-12) {
+                    (best_rate, gamma[i], moved) = (r, g, true);
+                }
+            }
+        }
+        if !moved {
+            break;
+        }
     }
     gamma
 }
@@ -151,15 +193,15 @@ mod tests {
         StepCosts::new(points).expect("points")
     }
 
-    /// The batch's expected tokens per second of an allocation.
-    fn rate(survival: &[Vec<f64>], gamma: &[usize], c: &StepCosts) -> f64 {
-        let e: f64 = survival
-            .iter()
-            .zip(gamma)
-            .map(|(s, g)| 1.0 + s[..*g].iter().sum::<f64>())
-            .sum();
-        let rows: usize = gamma.iter().map(|g| 1 + g).sum();
-        e / c.seconds(rows)
+    /// Generations of these survivals that draft for free.
+    fn free(survival: Vec<Vec<f64>>) -> Vec<Drafts> {
+        survival
+            .into_iter()
+            .map(|survival| Drafts {
+                survival,
+                draft_s: 0.0,
+            })
+            .collect()
     }
 
     #[test]
@@ -188,7 +230,10 @@ mod tests {
     fn a_flat_cost_takes_every_surviving_draft() {
         let c = costs(&[(1, 1.0), (64, 1.0)]);
         let s = vec![survivals(&[0.9, 0.5, 0.5]), survivals(&[0.1, 0.1, 0.1])];
-        assert_eq!(allocate(&s, Unscheduled::default(), &c), vec![3, 3]);
+        assert_eq!(
+            allocate(&free(s.clone()), Unscheduled::default(), &c),
+            vec![3, 3]
+        );
     }
 
     #[test]
@@ -197,7 +242,10 @@ mod tests {
         // per row, which is 1 without drafts.
         let c = costs(&[(1, 1.0), (64, 64.0)]);
         let s = vec![vec![0.99, 0.98], vec![0.5, 0.2]];
-        assert_eq!(allocate(&s, Unscheduled::default(), &c), vec![0, 0]);
+        assert_eq!(
+            allocate(&free(s.clone()), Unscheduled::default(), &c),
+            vec![0, 0]
+        );
     }
 
     #[test]
@@ -205,7 +253,7 @@ mod tests {
         // A step of 2 rows costs 1, then 0.1 per row: good drafts go first.
         let c = costs(&[(2, 1.0), (10, 1.8)]);
         let s = vec![survivals(&[0.9, 0.9, 0.9]), survivals(&[0.6, 0.1, 0.5])];
-        let g = allocate(&s, Unscheduled::default(), &c);
+        let g = allocate(&free(s.clone()), Unscheduled::default(), &c);
         assert_eq!(g, vec![3, 1]);
     }
 
@@ -216,38 +264,61 @@ mod tests {
         // 0.5 of a token does not pay for.
         let c = costs(&[(1, 1.0), (2, 1.2), (9, 8.0), (10, 8.5)]);
         let s = vec![vec![0.5]];
-        assert_eq!(allocate(&s, Unscheduled::default(), &c), vec![1]);
+        assert_eq!(
+            allocate(&free(s.clone()), Unscheduled::default(), &c),
+            vec![1]
+        );
         let eight = Unscheduled {
             rows: 8,
             expected: 8.0,
         };
-        assert_eq!(allocate(&s, eight, &c), vec![0]);
+        assert_eq!(allocate(&free(s), eight, &c), vec![0]);
+    }
+
+    #[test]
+    fn drafting_time_is_paid_once_per_round() {
+        // A 0.6 draft pays for its row (1.6 tokens for 1.1 against 1 for 1) but not for a
+        // draft taking half a step; three sure ones do.
+        let c = costs(&[(1, 1.0), (9, 1.8)]);
+        let slow = |survival: Vec<f64>| Drafts {
+            survival,
+            draft_s: 0.5,
+        };
+        let none = Unscheduled::default();
+        assert_eq!(allocate(&free(vec![vec![0.6]]), none, &c), vec![1]);
+        assert_eq!(allocate(&[slow(vec![0.6])], none, &c), vec![0]);
+        assert_eq!(allocate(&[slow(vec![1.0, 1.0, 1.0])], none, &c), vec![3]);
     }
 
     proptest! {
-        /// No single-generation change, and neither all-zero nor all-max, beats the
-        /// allocation; survivals only fall along a generation.
+        /// No single-generation change, nor all-zero, nor all-max, beats the allocation.
         #[test]
         fn the_allocation_is_at_least_as_good_as_its_neighbours(
-            acc in proptest::collection::vec(proptest::collection::vec(0.0f64..1.0, 0..6), 1..6),
+            acc in proptest::collection::vec(
+                (proptest::collection::vec(0.0f64..1.0, 0..6), 0.0f64..0.6), 1..6),
             per_row in 0.0f64..1.5,
+            plain in 0usize..4,
         ) {
             let c = costs(&[(1, 1.0), (2, 1.0 + per_row), (64, 1.0 + 63.0 * per_row)]);
-            let s: Vec<Vec<f64>> = acc.iter().map(|a| survivals(a)).collect();
-            let g = allocate(&s, Unscheduled::default(), &c);
-            let best = rate(&s, &g, &c);
+            let s: Vec<Drafts> = acc
+                .iter()
+                .map(|(a, d)| Drafts { survival: survivals(a), draft_s: *d })
+                .collect();
+            let others = Unscheduled { rows: plain, expected: plain as f64 };
+            let g = allocate(&s, others, &c);
+            let best = rate(&s, &g, others, &c);
             for (i, si) in s.iter().enumerate() {
-                prop_assert!(g[i] <= si.len());
-                for other in 0..=si.len() {
+                prop_assert!(g[i] <= si.survival.len());
+                for other in 0..=si.survival.len() {
                     let mut h = g.clone();
                     h[i] = other;
-                    prop_assert!(rate(&s, &h, &c) <= best + 1e-9, "{g:?} vs {h:?}");
+                    prop_assert!(rate(&s, &h, others, &c) <= best * (1.0 + 1e-9), "{g:?} vs {h:?}");
                 }
             }
             let zero = vec![0; s.len()];
-            let full: Vec<usize> = s.iter().map(Vec::len).collect();
-            prop_assert!(rate(&s, &zero, &c) <= best + 1e-9);
-            prop_assert!(rate(&s, &full, &c) <= best + 1e-9);
+            let full: Vec<usize> = s.iter().map(|d| d.survival.len()).collect();
+            prop_assert!(rate(&s, &zero, others, &c) <= best * (1.0 + 1e-9));
+            prop_assert!(rate(&s, &full, others, &c) <= best * (1.0 + 1e-9));
         }
     }
 }

@@ -258,11 +258,8 @@ impl<'e> Generation<'e> {
             }
             return self.gamma;
         };
-        match self
-            .seat
-            .as_ref()
-            .and_then(|s| s.schedule(policy.survival()))
-        {
+        let (survival, draft) = (policy.survival(), policy.draft_cost());
+        match self.seat.as_ref().and_then(|s| s.schedule(survival, draft)) {
             Some(0) if policy.probe_due() => 1,
             Some(gamma) => gamma,
             None => policy.choose(),

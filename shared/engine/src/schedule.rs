@@ -9,15 +9,15 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use tandem_core::{allocate, StepCosts, Unscheduled};
+use tandem_core::{allocate, Drafts, StepCosts, Unscheduled};
 
 use crate::models::{StepObserver, StepReport};
 
 /// What a seat brings to the batch.
 #[derive(Debug, Clone)]
 enum Claim {
-    /// Its draft length is scheduled from these prefix survivals.
-    Scheduled(Vec<f64>),
+    /// Its draft length is scheduled from these survivals and drafting time.
+    Scheduled(Drafts),
     /// Rows and expected tokens per step it brings whatever the scheduler says.
     Fixed { rows: usize, expected: f64 },
 }
@@ -96,11 +96,14 @@ impl Seat<'_> {
         self.scheduler.lock().seats.insert(self.id, claim);
     }
 
-    /// Posts this generation's prefix survivals (as many as it may draft) and returns its
-    /// draft length for the batch as it stands; `None` when it is alone.
-    pub fn schedule(&self, survival: Vec<f64>) -> Option<usize> {
+    /// Posts this generation's prefix survivals (as many as it may draft) and its drafting
+    /// cost per round in one-token forwards, and returns its draft length for the batch as
+    /// it stands; `None` when it is alone.
+    pub fn schedule(&self, survival: Vec<f64>, draft_steps: f64) -> Option<usize> {
         let mut s = self.scheduler.lock();
-        s.seats.insert(self.id, Claim::Scheduled(survival));
+        let draft_s = draft_steps * s.costs.seconds(1);
+        let claim = Claim::Scheduled(Drafts { survival, draft_s });
+        s.seats.insert(self.id, claim);
         if s.seats.len() < 2 {
             return None;
         }
@@ -145,7 +148,7 @@ mod tests {
     fn a_lone_generation_keeps_its_own_policy() {
         let s = scheduler();
         let seat = s.seat();
-        assert_eq!(seat.schedule(vec![0.9, 0.8]), None);
+        assert_eq!(seat.schedule(vec![0.9, 0.8], 0.0), None);
     }
 
     #[test]
@@ -153,15 +156,15 @@ mod tests {
         let s = scheduler();
         let (a, b) = (s.seat(), s.seat());
         // Sure drafts pay beside a plain generation; hopeless ones do not.
-        assert_eq!(a.schedule(vec![0.99, 0.98, 0.97]), Some(3));
-        assert_eq!(b.schedule(vec![0.01, 0.0001]), Some(0));
+        assert_eq!(a.schedule(vec![0.99, 0.98, 0.97], 0.0), Some(3));
+        assert_eq!(b.schedule(vec![0.01, 0.0001], 0.0), Some(0));
         let crowd: Vec<Seat<'_>> = (0..30).map(|_| s.seat()).collect();
         crowd.iter().for_each(|c| c.fixed(0, 1.0));
         // Beside thirty plain generations a row costs more than a 0.5 draft brings.
-        assert_eq!(a.schedule(vec![0.5, 0.25]), Some(0));
+        assert_eq!(a.schedule(vec![0.5, 0.25], 0.0), Some(0));
         drop(crowd);
         drop(b);
-        assert_eq!(a.schedule(vec![0.5, 0.25]), None);
+        assert_eq!(a.schedule(vec![0.5, 0.25], 0.0), None);
     }
 
     #[test]
