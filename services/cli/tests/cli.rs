@@ -95,6 +95,51 @@ fn bench_rpc_reports_the_network_overhead() {
     assert!(text.contains("verifier-drafter overhead"), "{text}");
 }
 
+/// Two concurrent clients through a batched verifier in each mode: every request makes its
+/// tokens, the levels are reported, the chart is drawn, and two clients shared steps.
+#[test]
+fn bench_load_reports_each_mode_and_concurrency() {
+    let png = std::env::temp_dir().join(format!("tandem-load-{}.png", std::process::id()));
+    let png_arg = png.to_str().expect("utf-8");
+    let args = [
+        "--concurrency",
+        "1,2",
+        "--requests",
+        "2",
+        "--max-tokens",
+        "8",
+        "--gamma",
+        "2",
+    ];
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--png", png_arg]);
+    let (report, text) = bench_json("load", &all);
+    let levels = report["levels"].as_array().expect("levels");
+    assert_eq!(levels.len(), 6, "{report}");
+    for l in levels {
+        assert_eq!(
+            l["tokens"],
+            8 * 2 * l["concurrency"].as_u64().expect("c"),
+            "{l}"
+        );
+        assert!(l["aggregate_tok_s"].as_f64().expect("tok/s") > 0.0);
+        assert!(
+            l["ttft_p50_ms"].as_f64().expect("ttft") <= l["ttft_p99_ms"].as_f64().expect("p99")
+        );
+    }
+    let plain2 = levels
+        .iter()
+        .find(|l| l["mode"] == "plain" && l["concurrency"] == 2)
+        .expect("plain at 2");
+    assert!(
+        plain2["sessions_per_step"].as_f64().expect("sessions") > 1.0,
+        "{plain2}"
+    );
+    assert!(text.contains("agg tok/s"), "{text}");
+    assert!(std::fs::metadata(&png).expect("a chart").len() > 1000);
+    std::fs::remove_file(&png).ok();
+}
+
 /// A short soak (the CI one; `docs/performance` has the long one): four sessions for 20
 /// seconds with every behaviour and a drafter killed midway; nothing unexpected, nothing
 /// lost, every gauge back at 0.
