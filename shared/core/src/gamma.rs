@@ -220,9 +220,10 @@ impl GammaPolicy {
     }
 
     /// Whether enough plain rounds passed that a one-token draft should measure the drafter
-    /// again.
-    pub fn probe_due(&self) -> bool {
-        self.plain_rounds >= self.cfg.probe_every
+    /// again, for a generation sharing steps with `sessions − 1` others (a probe delays
+    /// all of them, so each probes that many times less often).
+    pub fn probe_due(&self, sessions: usize) -> bool {
+        self.plain_rounds >= self.cfg.probe_every * sessions.max(1)
     }
 
     /// `E(0), E(1), …, E(max_gamma)`: expected tokens of a round drafting each γ.
@@ -272,7 +273,7 @@ impl GammaPolicy {
             .map(|(g, e)| (g, e / self.cost(g)));
         let (best, _) = rates.fold((0, f64::NEG_INFINITY), |b, r| if r.1 > b.1 { r } else { b });
         match best {
-            0 if self.probe_due() => 1,
+            0 if self.probe_due(1) => 1,
             g => g,
         }
     }

@@ -260,8 +260,8 @@ impl<'e> Generation<'e> {
         };
         let (survival, draft) = (policy.survival(), policy.draft_cost());
         match self.seat.as_ref().and_then(|s| s.schedule(survival, draft)) {
-            Some(0) if policy.probe_due() => 1,
-            Some(gamma) => gamma,
+            Some((0, sessions)) if policy.probe_due(sessions) => 1,
+            Some((gamma, _)) => gamma,
             None => policy.choose(),
         }
     }

@@ -98,8 +98,8 @@ impl Seat<'_> {
 
     /// Posts this generation's prefix survivals (as many as it may draft) and its drafting
     /// cost per round in one-token forwards, and returns its draft length for the batch as
-    /// it stands; `None` when it is alone.
-    pub fn schedule(&self, survival: Vec<f64>, draft_steps: f64) -> Option<usize> {
+    /// it stands with the number of generations in it; `None` when it is alone.
+    pub fn schedule(&self, survival: Vec<f64>, draft_steps: f64) -> Option<(usize, usize)> {
         let mut s = self.scheduler.lock();
         let draft_s = draft_steps * s.costs.seconds(1);
         let claim = Claim::Scheduled(Drafts { survival, draft_s });
@@ -121,7 +121,10 @@ impl Seat<'_> {
             }
         }
         let gammas = allocate(&profiles, others, &s.costs);
-        ids.iter().position(|id| *id == self.id).map(|i| gammas[i])
+        let sessions = s.seats.len();
+        ids.iter()
+            .position(|id| *id == self.id)
+            .map(|i| (gammas[i], sessions))
     }
 }
 
@@ -156,12 +159,12 @@ mod tests {
         let s = scheduler();
         let (a, b) = (s.seat(), s.seat());
         // Sure drafts pay beside a plain generation; hopeless ones do not.
-        assert_eq!(a.schedule(vec![0.99, 0.98, 0.97], 0.0), Some(3));
-        assert_eq!(b.schedule(vec![0.01, 0.0001], 0.0), Some(0));
+        assert_eq!(a.schedule(vec![0.99, 0.98, 0.97], 0.0), Some((3, 2)));
+        assert_eq!(b.schedule(vec![0.01, 0.0001], 0.0), Some((0, 2)));
         let crowd: Vec<Seat<'_>> = (0..30).map(|_| s.seat()).collect();
         crowd.iter().for_each(|c| c.fixed(0, 1.0));
         // Beside thirty plain generations a row costs more than a 0.5 draft brings.
-        assert_eq!(a.schedule(vec![0.5, 0.25], 0.0), Some(0));
+        assert_eq!(a.schedule(vec![0.5, 0.25], 0.0), Some((0, 32)));
         drop(crowd);
         drop(b);
         assert_eq!(a.schedule(vec![0.5, 0.25], 0.0), None);
