@@ -6,7 +6,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use tandem_e2e::*;
@@ -14,23 +13,15 @@ use tandem_engine::{BatchLimits, Engine, Placement, TargetFiles};
 use tandem_proto::v1 as pb;
 use tandem_testkit::{real_gguf, real_tokenizer};
 
-/// The real target with batched steps (small prefill chunks, so prompts take several).
-fn batched_engine() -> Engine {
-    static ENGINE: OnceLock<Engine> = OnceLock::new();
-    ENGINE
-        .get_or_init(|| {
-            let files = TargetFiles {
-                model: real_gguf(),
-                tokenizer: real_tokenizer(),
-            };
-            let limits = BatchLimits {
-                prefill_chunk: 8,
-                ..BatchLimits::default()
-            };
-            Engine::load_batched(&files, &Placement::Cpu(Default::default()), Some(limits))
-                .expect("the batched target")
-        })
-        .clone()
+/// The real target, batched with small prefill chunks (so prompts take several steps) or
+/// not batched at all.
+fn real_engine(batching: Option<BatchLimits>) -> Engine {
+    let files = TargetFiles {
+        model: real_gguf(),
+        tokenizer: real_tokenizer(),
+    };
+    Engine::load_batched(&files, &Placement::Cpu(Default::default()), batching)
+        .expect("the real target")
 }
 
 const PROMPTS: [&str; 6] = [
@@ -58,7 +49,7 @@ fn request_of(i: usize, speculative: bool) -> pb::GenerateRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batched_speculating_verifier_equals_unbatched_plain_runs() {
-    let reference = start_verifier(VerifierSetup::default()).await;
+    let reference = start_verifier_for(real_engine(None), VerifierSetup::default()).await;
     let mut want = Vec::new();
     for i in 0..PROMPTS.len() {
         let (ids, ..) = generate(&reference.url, request_of(i, false))
@@ -73,7 +64,11 @@ async fn batched_speculating_verifier_equals_unbatched_plain_runs() {
         gamma: 4,
         ..VerifierSetup::default()
     };
-    let verifier = start_verifier_for(batched_engine(), setup).await;
+    let limits = BatchLimits {
+        prefill_chunk: 8,
+        ..BatchLimits::default()
+    };
+    let verifier = start_verifier_for(real_engine(Some(limits)), setup).await;
     let clients: Vec<_> = (0..PROMPTS.len())
         .map(|i| {
             let url = verifier.url.clone();

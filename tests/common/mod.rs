@@ -15,13 +15,14 @@ use std::time::Duration;
 use tandem_core::{Proposer, TargetIdentity};
 use tandem_drafter::{Drafter, DrafterConfig};
 use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
-use tandem_engine::{Engine, Placement, TargetFiles};
+use tandem_engine::{BatchLimits, Engine, Placement, TargetFiles};
 use tandem_proto::v1 as pb;
 use tandem_serving::{ClientTls, Listeners, Running, Security, Serve};
 use tandem_testkit::{real_gguf, real_tokenizer};
 use tandem_verifier::{Resolve, Verifier, VerifierSettings};
 
-/// The real target and tokenizer, loaded once per test binary.
+/// The real target and tokenizer, loaded once per test binary, its generations batched as
+/// the verifier's are by default.
 pub fn engine() -> Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE
@@ -30,7 +31,9 @@ pub fn engine() -> Engine {
                 model: real_gguf(),
                 tokenizer: real_tokenizer(),
             };
-            Engine::load(&files, &Placement::Cpu(Default::default())).expect("the real target")
+            let batching = Some(BatchLimits::default());
+            Engine::load_batched(&files, &Placement::Cpu(Default::default()), batching)
+                .expect("the real target")
         })
         .clone()
 }
