@@ -88,11 +88,6 @@ impl Engine {
         }
     }
 
-    /// The draft scheduler of the batch, where the target batches generations.
-    pub fn scheduler(&self) -> Option<&Arc<DraftScheduler>> {
-        self.scheduler.as_ref()
-    }
-
     /// The engine with requests limited to `limit` positions (prompt and new tokens),
     /// below the target's own context when smaller: an operator's cap on what one request
     /// may hold.

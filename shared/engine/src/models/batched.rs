@@ -68,11 +68,6 @@ impl BatchedGemma3 {
         })
     }
 
-    /// How steps are formed.
-    pub fn limits(&self) -> BatchLimits {
-        self.limits
-    }
-
     /// Sends one forward to the stepper and waits for its step.
     fn submit(
         &self,
