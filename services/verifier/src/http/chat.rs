@@ -7,18 +7,17 @@
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 use serde::Deserialize;
 use tandem_engine::Engine;
 use tandem_proto::v1 as pb;
 
-use super::choices::{self, Gathered};
+use super::choices::Gathered;
 use super::error::{ApiError, Body};
 use super::openai::{finish_reason, ChatChoice, ChatDelta, ChatLogprobs, Envelope, Message, Usage};
 use super::params::{Common, Shape};
-use super::stream::{self, json, Chunks};
-use super::{deadline, Api, Label};
+use super::stream::{json, Chunks};
+use super::{answer, Api, Label};
 
 const OBJECT: &str = "chat.completion";
 const CHUNK_OBJECT: &str = "chat.completion.chunk";
@@ -135,20 +134,12 @@ pub(crate) async fn handle(
     headers: HeaderMap,
     Body(req): Body<ChatRequest>,
 ) -> Result<Response, ApiError> {
-    let (shape, common) = req.shape()?;
-    let logprobs = shape.logprobs.is_some();
-    let requests = common.requests(&api, shape)?;
-    let choices = choices::start(&api.core, requests, deadline(&headers)?).await?;
-    let writer = Writer {
+    answer(&api, &headers, req.shape()?, |_, logprobs| Writer {
         label: api.label("chatcmpl"),
         engine: api.core.engine().clone(),
         logprobs,
-    };
-    if common.stream() {
-        return Ok(stream::respond(writer, choices, common.include_usage()));
-    }
-    let gathered = choices.gather().await?;
-    Ok(Json(writer.response(gathered)).into_response())
+    })
+    .await
 }
 
 /// Writes the chat completion's responses and chunks.
@@ -180,6 +171,12 @@ impl Writer {
             .then(|| ChatLogprobs::of(self.engine.tokenizer(), ids, lps))
     }
 
+    fn chunk(&self, delta: ChatDelta) -> serde_json::Value {
+        self.envelope(CHUNK_OBJECT, vec![delta], None)
+    }
+}
+
+impl Chunks for Writer {
     fn response(&self, gathered: Vec<Gathered>) -> serde_json::Value {
         let mut usage = Usage::default();
         let choices: Vec<ChatChoice> = (0u32..)
@@ -200,12 +197,6 @@ impl Writer {
         self.envelope(OBJECT, choices, Some(usage))
     }
 
-    fn chunk(&self, delta: ChatDelta) -> serde_json::Value {
-        self.envelope(CHUNK_OBJECT, vec![delta], None)
-    }
-}
-
-impl Chunks for Writer {
     fn opening(&mut self, index: u32) -> Option<serde_json::Value> {
         Some(self.chunk(ChatDelta {
             index,

@@ -6,18 +6,17 @@
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 use serde::Deserialize;
 use tandem_engine::Engine;
 use tandem_proto::v1 as pb;
 
-use super::choices::{self, Gathered};
+use super::choices::Gathered;
 use super::error::{ApiError, Body};
 use super::openai::{finish_reason, CompletionChoice, CompletionLogprobs, Envelope, Usage};
 use super::params::{Common, Shape};
-use super::stream::{self, json, Chunks};
-use super::{deadline, Api, Label};
+use super::stream::{json, Chunks};
+use super::{answer, Api, Label};
 
 /// OpenAI's default `max_tokens` of completions.
 const DEFAULT_MAX_TOKENS: u32 = 16;
@@ -90,21 +89,13 @@ pub(crate) async fn handle(
     headers: HeaderMap,
     Body(req): Body<CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let (shape, common) = req.shape()?;
-    let logprobs = shape.logprobs.is_some();
-    let requests = common.requests(&api, shape)?;
-    let choices = choices::start(&api.core, requests, deadline(&headers)?).await?;
-    let writer = Writer {
+    answer(&api, &headers, req.shape()?, |n, logprobs| Writer {
         label: api.label("cmpl"),
         engine: api.core.engine().clone(),
         logprobs,
-        offsets: vec![0; choices.len()],
-    };
-    if common.stream() {
-        return Ok(stream::respond(writer, choices, common.include_usage()));
-    }
-    let gathered = choices.gather().await?;
-    Ok(Json(writer.response(gathered)).into_response())
+        offsets: vec![0; n],
+    })
+    .await
 }
 
 /// Writes the completion's responses and chunks.
@@ -137,7 +128,9 @@ impl Writer {
         self.logprobs
             .then(|| CompletionLogprobs::of(self.engine.tokenizer(), ids, lps, offset))
     }
+}
 
+impl Chunks for Writer {
     fn response(&self, gathered: Vec<Gathered>) -> serde_json::Value {
         let mut usage = Usage::default();
         let choices = (0u32..)
@@ -154,9 +147,7 @@ impl Writer {
             .collect();
         self.envelope(choices, Some(usage))
     }
-}
 
-impl Chunks for Writer {
     fn opening(&mut self, _: u32) -> Option<serde_json::Value> {
         None
     }

@@ -22,14 +22,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::middleware::{from_fn_with_state, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Router;
+use axum::{Json, Router};
 
 use crate::deadline::answer_within;
 use crate::generations::Generations;
 use crate::metrics::HttpMetrics;
 use error::ApiError;
+use params::{Common, Shape};
+use stream::Chunks;
 
 /// Largest request body, in bytes.
 pub const MAX_BODY: usize = 4 << 20;
@@ -112,6 +114,27 @@ fn deadline(headers: &HeaderMap) -> Result<Option<Instant>, ApiError> {
     Ok(Some(
         Instant::now() + answer_within(Duration::from_millis(ms)),
     ))
+}
+
+/// Starts the choices a completions or chat request asks for (`shape` and `common`) and
+/// answers them with the writer `make` builds (given the number of choices and whether
+/// log-probabilities were asked): streamed as server-sent events, or gathered into one
+/// response.
+async fn answer<W: Chunks>(
+    api: &Api,
+    headers: &HeaderMap,
+    (shape, common): (Shape, Common),
+    make: impl FnOnce(usize, bool) -> W,
+) -> Result<Response, ApiError> {
+    let logprobs = shape.logprobs.is_some();
+    let requests = common.requests(api, shape)?;
+    let choices = choices::start(&api.core, requests, deadline(headers)?).await?;
+    let writer = make(choices.len(), logprobs);
+    if common.stream() {
+        return Ok(stream::respond(writer, choices, common.include_usage()));
+    }
+    let gathered = choices.gather().await?;
+    Ok(Json(writer.response(gathered)).into_response())
 }
 
 /// Counts every answer by endpoint and status.

@@ -15,15 +15,18 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
-use super::choices::Choices;
+use super::choices::{Choices, Gathered};
 use super::error::ApiError;
 use super::openai::{finish_reason, Usage};
 
 /// Events buffered between the task and the connection.
 const EVENT_BUFFER: usize = 16;
 
-/// How one endpoint writes its chunks (as JSON values).
+/// How one endpoint writes its answer (as JSON values): one response of its gathered
+/// choices, or chunks when streamed.
 pub(crate) trait Chunks: Send + 'static {
+    /// The whole response of the gathered choices.
+    fn response(&self, gathered: Vec<Gathered>) -> serde_json::Value;
     /// The chunk that opens choice `index`, if the endpoint has one.
     fn opening(&mut self, index: u32) -> Option<serde_json::Value>;
     /// The chunk of one piece of choice `index`.
