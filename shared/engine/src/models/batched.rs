@@ -232,36 +232,37 @@ impl TargetSequence for BatchedSequence<'_> {
         spec: &SnapshotSpec,
     ) -> Result<TargetStep> {
         let opts = forward_options(logits, spec)?;
-        let chunk = self.target.limits.prefill_chunk;
         // Prompts (only the last row's logits, or none) go a chunk per step; a block that
-        // needs every row's logits (verification) goes whole.
-        let chunked = matches!(logits, LogitsMode::Last | LogitsMode::None) && tokens.len() > chunk;
-        if !chunked {
-            let out = self.step(tokens, pos, opts)?;
-            return Ok(TargetStep {
-                logits: out.logits,
-                top: out.top,
-                snapshot: interleave(&out.taps, tokens.len())?,
-            });
-        }
-        let mut snapshot = Vec::new();
-        let mut last = None;
-        for (i, part) in tokens.chunks(chunk).enumerate() {
-            let is_last = (i + 1) * chunk >= tokens.len();
+        // needs every row's logits (verification) goes whole, as does an empty one (which
+        // the model refuses).
+        let prompt = matches!(logits, LogitsMode::Last | LogitsMode::None);
+        let chunk = match prompt {
+            true => self.target.limits.prefill_chunk,
+            false => tokens.len().max(1),
+        };
+        let parts: Vec<&[u32]> = match tokens.is_empty() {
+            true => vec![tokens],
+            false => tokens.chunks(chunk).collect(),
+        };
+        let mut step = TargetStep {
+            logits: None,
+            top: None,
+            snapshot: Vec::new(),
+        };
+        for (i, part) in parts.iter().enumerate() {
             let opts = ForwardOptions {
-                logits: if is_last { logits } else { LogitsMode::None },
+                logits: if i + 1 == parts.len() {
+                    logits
+                } else {
+                    LogitsMode::None
+                },
                 taps: opts.taps.clone(),
             };
             let out = self.step(part, pos + i * chunk, opts)?;
-            snapshot.extend(interleave(&out.taps, part.len())?);
-            last = Some(out);
+            step.snapshot.extend(interleave(&out.taps, part.len())?);
+            (step.logits, step.top) = (out.logits, out.top);
         }
-        let last = last.expect("a chunked prompt has a last chunk");
-        Ok(TargetStep {
-            logits: last.logits,
-            top: last.top,
-            snapshot,
-        })
+        Ok(step)
     }
 
     fn len(&self) -> usize {
