@@ -71,25 +71,16 @@ pub fn drafting_gamma(requested: usize, proposer_max: usize) -> usize {
 /// tokens within its context.
 fn check_against(request: &GenerationRequest, facts: &TargetFacts) -> Result<()> {
     let invalid = |m: String| Err(EngineError::InvalidRequest(m));
-    if let Some(t) = request
-        .prompt
-        .iter()
-        .find(|t| **t as usize >= facts.vocab_size)
-    {
-        return invalid(format!(
-            "prompt token {t} is outside the vocabulary of {}",
-            facts.vocab_size
-        ));
-    }
-    if let Some(t) = request
-        .stop_token_ids
-        .iter()
-        .find(|t| **t as usize >= facts.vocab_size)
-    {
-        return invalid(format!(
-            "stop token {t} is outside the vocabulary of {}",
-            facts.vocab_size
-        ));
+    for (what, ids) in [
+        ("prompt", &request.prompt),
+        ("stop", &request.stop_token_ids),
+    ] {
+        if let Some(t) = ids.iter().find(|t| **t as usize >= facts.vocab_size) {
+            return invalid(format!(
+                "{what} token {t} is outside the vocabulary of {}",
+                facts.vocab_size
+            ));
+        }
     }
     let context = facts.max_context;
     if request.prompt.len().saturating_add(request.max_tokens) > context {
