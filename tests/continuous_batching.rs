@@ -2,7 +2,8 @@
 //! target steps, speculating through two drafters, serves concurrent clients — greedy and
 //! seeded sampled, of different lengths, joining a few steps apart and leaving at different
 //! times — and every client gets exactly what an unbatched verifier without drafters gives
-//! the same request alone. Its /metrics show steps that held several generations.
+//! the same request alone. Its /metrics show steps that held several generations, and the
+//! drafters' show drafting steps that held several sessions' blocks.
 
 #![allow(clippy::unwrap_used)]
 
@@ -103,5 +104,15 @@ async fn batched_speculating_verifier_equals_unbatched_plain_runs() {
     assert!(
         total(&m, "tandem_spec_draft_tokens_total") > 0.0,
         "nothing was drafted"
+    );
+    // The two drafter services share one batched proposer here, so each one's metrics see
+    // every drafting step.
+    let d = scrape(d1.metrics).await;
+    let steps = total(&d, "tandem_drafter_batch_sessions_per_step_count");
+    let sessions = total(&d, "tandem_drafter_batch_sessions_per_step_sum");
+    assert!(steps > 0.0, "no batched drafting step was recorded");
+    assert!(
+        sessions > steps,
+        "no drafting step held two sessions' blocks ({steps} steps)"
     );
 }

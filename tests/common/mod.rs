@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use tandem_core::{Proposer, TargetIdentity};
 use tandem_drafter::{Drafter, DrafterConfig};
-use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
+use tandem_dspark::{
+    BatchedDrafter, DraftBatching, Dspark, DsparkConfig, DsparkProposer, TargetDims,
+};
 use tandem_engine::{BatchLimits, Engine, Placement, TargetFiles};
 use tandem_proto::v1 as pb;
 use tandem_serving::{ClientTls, Listeners, Running, Security, Serve};
@@ -43,16 +45,20 @@ pub fn target() -> TargetIdentity {
     engine().model().identity().expect("identity")
 }
 
+/// A DSpark proposer whose sessions' blocks are drafted in batches, as the drafter
+/// service's are by default.
+pub type BatchedProposer = DsparkProposer<BatchedDrafter>;
+
 /// A randomly initialised small DSpark drafter for the real target (the same weights
-/// every call).
-pub fn random_drafter() -> Arc<DsparkProposer> {
-    static DRAFTER: OnceLock<Arc<DsparkProposer>> = OnceLock::new();
+/// every call), drafting in batches.
+pub fn random_drafter() -> Arc<BatchedProposer> {
+    static DRAFTER: OnceLock<Arc<BatchedProposer>> = OnceLock::new();
     DRAFTER
         .get_or_init(|| {
             let head = engine().model().head().expect("a Gemma 3 head");
             let model =
                 Dspark::init(DsparkConfig::small(&TargetDims::of(&head)), &head, 7).expect("init");
-            Arc::new(DsparkProposer::new(Arc::new(model), &head).expect("proposer"))
+            batched(model, &head)
         })
         .clone()
 }
@@ -156,16 +162,23 @@ pub fn shipped_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../drafters/gemma-3-270m-dspark")
 }
 
-/// The shipped DSpark drafter over the real target (loaded once per test binary).
-pub fn shipped_drafter() -> Arc<DsparkProposer> {
-    static DRAFTER: OnceLock<Arc<DsparkProposer>> = OnceLock::new();
+/// The shipped DSpark drafter over the real target (loaded once per test binary),
+/// drafting in batches.
+pub fn shipped_drafter() -> Arc<BatchedProposer> {
+    static DRAFTER: OnceLock<Arc<BatchedProposer>> = OnceLock::new();
     DRAFTER
         .get_or_init(|| {
             let head = engine().model().head().expect("a Gemma 3 head");
             let model = Dspark::load(&shipped_dir(), &head).expect("the shipped drafter loads");
-            Arc::new(DsparkProposer::new(Arc::new(model), &head).expect("proposer"))
+            batched(model, &head)
         })
         .clone()
+}
+
+/// `model` as a proposer drafting in batches with the default limits.
+fn batched(model: Dspark, head: &tandem_gemma::TargetHead) -> Arc<BatchedProposer> {
+    let p = DsparkProposer::batched(Arc::new(model), head, DraftBatching::default());
+    Arc::new(p.expect("proposer"))
 }
 
 /// Starts a drafter with the random DSpark drafter for the real target on 127.0.0.1.

@@ -252,6 +252,10 @@ fn load_arms(engine: &Engine, a: &AbArgs) -> Result<Arms> {
             drafter_seed: 0,
             no_lookup,
             no_calibration,
+            // One session at a time: nothing to batch.
+            no_draft_batching: true,
+            draft_batch_wait_ms: 0.0,
+            draft_batch_max: 1,
         };
         let p = args.load_any(&a.models, engine.model().head())?.proposer;
         if a.gamma > p.max_gamma() {

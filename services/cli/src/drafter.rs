@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
@@ -14,7 +15,7 @@ use clap::Args;
 use tandem_assistant::{AssistantOptions, AssistantProposer};
 use tandem_core::calibration::Calibration;
 use tandem_core::{Proposer, TargetIdentity};
-use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
+use tandem_dspark::{DraftBatching, Dspark, DsparkConfig, DsparkProposer, TargetDims};
 use tandem_gemma::TargetHead;
 
 use crate::models::ModelArgs;
@@ -38,6 +39,16 @@ pub struct DrafterArgs {
     /// (`tandem calibrate`).
     #[arg(long)]
     pub no_calibration: bool,
+    /// A host DSpark drafter drafts each session's block alone instead of drafting the
+    /// blocks of sessions that ask at once in one pass.
+    #[arg(long)]
+    pub no_draft_batching: bool,
+    /// The longest a batched drafting step waits for sessions that have not asked yet.
+    #[arg(long, default_value_t = DraftBatching::default().max_wait.as_secs_f64() * 1e3, value_name = "MS")]
+    pub draft_batch_wait_ms: f64,
+    /// The most blocks one batched drafting step drafts.
+    #[arg(long, default_value_t = DraftBatching::default().max_sessions, value_name = "N")]
+    pub draft_batch_max: usize,
 }
 
 /// The `--drafter` value naming the shipped drafter.
@@ -102,11 +113,31 @@ impl DrafterArgs {
                     .with_lookup(lookup)
                     .with_calibration(calibration),
             ),
+            None if !self.no_draft_batching => Arc::new(
+                DsparkProposer::batched(model, head, self.batching()?)?
+                    .with_lookup(lookup)
+                    .with_calibration(calibration),
+            ),
             None => Arc::new(
                 DsparkProposer::new(model, head)?
                     .with_lookup(lookup)
                     .with_calibration(calibration),
             ),
+        })
+    }
+
+    /// How a batched host drafter forms its steps.
+    fn batching(&self) -> Result<DraftBatching> {
+        let ms = self.draft_batch_wait_ms;
+        if !(0.0..=1000.0).contains(&ms) {
+            bail!("--draft-batch-wait-ms must be between 0 and 1000, got {ms}");
+        }
+        if self.draft_batch_max == 0 {
+            bail!("--draft-batch-max must be at least 1");
+        }
+        Ok(DraftBatching {
+            max_sessions: self.draft_batch_max,
+            max_wait: Duration::from_secs_f64(ms / 1000.0),
         })
     }
 }

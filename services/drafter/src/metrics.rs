@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use tandem_core::batching::{StepObserver, StepReport};
 use tandem_telemetry::{Counter, Gauge, Histogram, Registry};
 
 use crate::error::DrafterError;
@@ -23,7 +24,25 @@ pub struct DrafterMetrics {
     pub sessions: Counter,
     /// Snapshot payload bytes received.
     pub snapshot_bytes: Counter,
+    /// What each batched drafting step drafted.
+    pub batches: Arc<BatchMetrics>,
     registry: Arc<Registry>,
+}
+
+/// Sessions, draft tokens and seconds of each batched drafting step (a proposer that
+/// drafts sessions alone records none).
+pub struct BatchMetrics {
+    sessions: Histogram,
+    rows: Histogram,
+    seconds: Histogram,
+}
+
+impl StepObserver for BatchMetrics {
+    fn step(&self, r: &StepReport) {
+        self.sessions.record(r.sequences as f64);
+        self.rows.record(r.rows as f64);
+        self.seconds.record(r.seconds);
+    }
 }
 
 impl DrafterMetrics {
@@ -53,6 +72,23 @@ impl DrafterMetrics {
                 "Snapshot (context row) payload bytes received.",
                 &[],
             ),
+            batches: Arc::new(BatchMetrics {
+                sessions: r.histogram(
+                    "tandem_drafter_batch_sessions_per_step",
+                    "Sessions whose blocks one batched drafting step drafted.",
+                    &[],
+                ),
+                rows: r.histogram(
+                    "tandem_drafter_batch_rows_per_step",
+                    "Draft tokens of one batched drafting step.",
+                    &[],
+                ),
+                seconds: r.histogram(
+                    "tandem_drafter_batch_step_seconds",
+                    "Wall time of one batched drafting step, seconds.",
+                    &[],
+                ),
+            }),
             registry,
         }
     }

@@ -29,6 +29,10 @@ impl Drafter {
     pub fn new(proposer: Arc<dyn Proposer>, cfg: DrafterConfig) -> Self {
         let registry = Arc::new(Registry::new());
         let metrics = DrafterMetrics::new(Arc::clone(&registry));
+        match proposer.observe_steps(metrics.batches.clone()) {
+            true => tracing::info!("blocks of sessions that ask at once are drafted in one pass"),
+            false => tracing::info!("each session's blocks are drafted alone"),
+        }
         let drain = Drain::new();
         Self {
             service: DrafterService::new(proposer, cfg, metrics, Arc::clone(&drain)),

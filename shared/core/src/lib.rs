@@ -1,9 +1,11 @@
 //! The pure core of tandem: sampling, the acceptance rules of speculative decoding, the
-//! adaptive draft length, the batch's draft scheduler and the proposer interface the round drafts through. No tensors, no I/O: plain slices in, plain
-//! values out, deterministic given a seed.
+//! adaptive draft length, the batch's draft scheduler, how batching threads form their
+//! steps and the proposer interface the round drafts through. No tensors, no I/O: plain
+//! slices in, plain values out, deterministic given a seed.
 
 pub mod ab;
 pub mod acceptance;
+pub mod batching;
 pub mod block;
 pub mod calibration;
 pub mod controls;
@@ -22,6 +24,7 @@ pub use ab::{AbError, ArmSummary, Comparison, Interval, PromptRun};
 pub use acceptance::{
     accept_greedy, accept_sampled, accept_seeded, keyed_uniform, Verdict, Verification,
 };
+pub use batching::{StepObserver, StepReport};
 pub use block::{accept_block, BlockPlan, ExpectedKept};
 pub use controls::{min_p_mask, ControlError, History, LogitControls, Penalties};
 pub use gamma::{GammaPolicy, GammaPolicyConfig, Learnt, Observed, CARRIED_ROUNDS};

@@ -4,6 +4,9 @@
 //! and exactly once, and asks it for a block after an anchor token. Dropping a session closes
 //! it and frees what the proposer held for it.
 
+use std::sync::Arc;
+
+use crate::batching::StepObserver;
 use crate::sampling::{SamplingParams, SparseDist};
 use crate::snapshot::{SnapshotRows, SnapshotSpec};
 
@@ -104,6 +107,11 @@ pub trait Proposer: Send + Sync {
     fn max_gamma(&self) -> usize;
     /// Opens a session for one generation sampled with `sampling`.
     fn open(&self, sampling: &SamplingParams) -> Result<Box<dyn ProposerSession>, ProposeError>;
+    /// Has `observer` told of every batched drafting step; false (and nothing happens)
+    /// where sessions draft alone.
+    fn observe_steps(&self, _observer: Arc<dyn StepObserver>) -> bool {
+        false
+    }
 }
 
 /// One generation's drafting state. Dropping it closes the session.

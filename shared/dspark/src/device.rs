@@ -17,9 +17,10 @@ use tandem_core::{distribution, DraftBlock, Sampler, SparseDist};
 use tandem_gemma::{with_cached_layouts, TargetHead};
 
 use crate::backbone::softcap;
+use crate::batch::{sample_blocks, MarkovRow};
 use crate::config::DraftVocab;
-use crate::draft::{check_request, sample_block, whole_rows, DraftRequest};
-use crate::error::Result;
+use crate::draft::{check_request, whole_rows, DraftRequest};
+use crate::error::{DsparkError, Result};
 use crate::frozen::BlockHeads;
 use crate::model::Dspark;
 use crate::params::LayerParams;
@@ -187,7 +188,8 @@ impl DeviceDrafter {
             })?),
             false => None,
         };
-        sample_block(&self.vocab, req, sampler, |k, prev| {
+        let blocks = sample_blocks(&self.vocab, &[*req], &mut [sampler], |rows| {
+            let MarkovRow { k, prev, .. } = rows[0];
             let row = self.vocab.markov_row(prev);
             let dist = match &picks {
                 Some(p) => SparseDist {
@@ -201,8 +203,15 @@ impl DeviceDrafter {
                     distribution(&logits.to_vec1::<f32>()?, &params)
                 }
             };
-            Ok((dist, self.host.confidence(&out[k * d..(k + 1) * d], row)))
-        })
+            Ok(vec![(
+                dist,
+                self.host.confidence(&out[k * d..(k + 1) * d], row),
+            )])
+        })?;
+        blocks
+            .into_iter()
+            .next()
+            .ok_or_else(|| DsparkError::Invalid("no block was drafted".into()))
     }
 
     /// The greedy Markov pass on the device: each position's argmax (a draft index, which

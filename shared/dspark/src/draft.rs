@@ -3,9 +3,10 @@
 //! context never changes, so rows are appended once and never re-projected), then one
 //! parallel backbone pass over the block and sequential Markov sampling of its tokens.
 
-use tandem_core::{distribution, DraftBlock, Sampler, SparseDist};
+use tandem_core::{DraftBlock, Sampler};
 use tandem_gemma::{RestrictedHead, TargetHead};
 
+use crate::batch::{DraftJob, MarkovRow};
 use crate::config::DraftVocab;
 use crate::error::{DsparkError, Result};
 use tandem_kernels::rms_norm;
@@ -18,14 +19,14 @@ use crate::model::Dspark;
 /// Made by [`Dspark::drafter`], which checks the target; a trainer stepping the model
 /// afterwards does not change it.
 pub struct Drafter {
-    frozen: Frozen,
-    target: TargetHead,
-    restricted: RestrictedHead,
-    vocab: DraftVocab,
-    gamma: usize,
-    heads: usize,
-    eps: f32,
-    vocab_size: usize,
+    pub(crate) frozen: Frozen,
+    pub(crate) target: TargetHead,
+    pub(crate) restricted: RestrictedHead,
+    pub(crate) vocab: DraftVocab,
+    pub(crate) gamma: usize,
+    pub(crate) heads: usize,
+    pub(crate) eps: f32,
+    pub(crate) vocab_size: usize,
     row_width: usize,
 }
 
@@ -33,7 +34,7 @@ pub struct Drafter {
 /// and values of every position received (committed context never changes, so rows are
 /// appended once and never re-projected).
 pub struct ContextCache {
-    layers: Vec<KeyValues>,
+    pub(crate) layers: Vec<KeyValues>,
     len: usize,
 }
 
@@ -65,12 +66,6 @@ pub struct ScoredBlock {
     pub logits: Vec<Vec<f32>>,
     /// One confidence per block position.
     pub confidences: Vec<f32>,
-}
-
-/// The parallel part of a block: final states `[γ, d]` and base logits (before Markov).
-struct Backbone {
-    out: Vec<f32>,
-    base: Vec<f32>,
 }
 
 impl Dspark {
@@ -152,63 +147,40 @@ impl Drafter {
             gamma: prev.len(),
         };
         check_request(req, self.gamma, self.vocab_size)?;
-        let bb = self.backbone(cache, anchor, prev.len())?;
-        let mut scored = ScoredBlock {
-            logits: Vec::new(),
-            confidences: Vec::new(),
-        };
-        for (k, t) in prev.iter().enumerate() {
-            check_token(*t, self.vocab_size)?;
-            let (logits, conf) = self.markov_step(&bb, k, *t)?;
-            scored.logits.push(logits);
-            scored.confidences.push(conf);
-        }
-        Ok(scored)
+        let bb = self.backbones(&[(cache, req)])?;
+        let rows: Vec<MarkovRow> = prev
+            .iter()
+            .enumerate()
+            .map(|(k, t)| MarkovRow {
+                item: 0,
+                k,
+                prev: *t,
+            })
+            .collect();
+        let (logits, confidences) = self.markov_rows(&bb, &rows)?.into_iter().unzip();
+        Ok(ScoredBlock {
+            logits,
+            confidences,
+        })
     }
 
     /// Drafts `req.gamma` tokens after `req.anchor`: greedy or sampled by `sampler`'s
-    /// parameters, each token's distribution returned exactly (target ids).
+    /// parameters, each token's distribution returned exactly (target ids). The batch of
+    /// one of [`Drafter::draft_many`].
     pub fn draft(
         &self,
         cache: &ContextCache,
         req: &DraftRequest,
         sampler: &mut Sampler,
     ) -> Result<DraftBlock> {
-        check_request(*req, self.gamma, self.vocab_size)?;
-        let bb = self.backbone(cache, req.anchor, req.gamma)?;
-        let params = *sampler.params();
-        sample_block(&self.vocab, req, sampler, |k, prev| {
-            let (logits, conf) = self.markov_step(&bb, k, prev)?;
-            Ok((distribution(&logits, &params), conf))
-        })
-    }
-
-    /// The backbone over the full configured block (as trained), base logits of the first
-    /// `gamma` positions through the quantized head.
-    fn backbone(&self, cache: &ContextCache, anchor: u32, gamma: usize) -> Result<Backbone> {
-        let f = &self.frozen;
-        let d = f.heads.width();
-        let mut block = f.heads.block(&self.target.embed(anchor)?)?;
-        for (layer, kv) in f.layers.iter().zip(&cache.layers) {
-            block = layer.forward(&block, kv, self.heads, self.eps)?;
-        }
-        let out = rms_norm(&block, &f.out_norm, self.eps);
-        let hidden = f.out_proj.apply(&out[..gamma * d], gamma)?;
-        let base = self.restricted.logits(&hidden, gamma)?;
-        Ok(Backbone { out, base })
-    }
-
-    /// Logits and confidence of block position `k` given the previous token `prev`.
-    fn markov_step(&self, bb: &Backbone, k: usize, prev: u32) -> Result<(Vec<f32>, f32)> {
-        let f = &self.frozen;
-        let (vd, d) = (self.restricted.len(), f.heads.width());
-        let row = self.vocab.markov_row(prev);
-        let mut logits = f.markov_w2.apply(f.heads.markov_e1(row), 1)?;
-        logits
-            .iter_mut()
-            .zip(&bb.base[k * vd..(k + 1) * vd])
-            .for_each(|(m, b)| *m += b);
-        Ok((logits, f.heads.confidence(&bb.out[k * d..(k + 1) * d], row)))
+        let job = DraftJob {
+            cache,
+            req: *req,
+            sampler,
+        };
+        self.draft_many(&mut [job])
+            .pop()
+            .unwrap_or_else(|| Err(DsparkError::Invalid("no block was drafted".into())))
     }
 }
 
@@ -235,48 +207,11 @@ pub(crate) fn check_request(req: DraftRequest, gamma: usize, vocab_size: usize) 
     check_token(req.anchor, vocab_size)
 }
 
-fn check_token(t: u32, vocab_size: usize) -> Result<()> {
+pub(crate) fn check_token(t: u32, vocab_size: usize) -> Result<()> {
     if t as usize >= vocab_size {
         return Err(DsparkError::Invalid(format!(
             "token {t} is outside the target vocabulary of {vocab_size}"
         )));
     }
     Ok(())
-}
-
-/// Draws the block of `req` position by position (Alg. 1's sequential Markov pass):
-/// `step(k, prev)` gives position `k`'s distribution over the draft vocabulary and its
-/// confidence after target token `prev`; the draw, from the distribution without its
-/// tail ([`SparseDist::without_tail`]), becomes the next `prev`.
-pub(crate) fn sample_block(
-    vocab: &DraftVocab,
-    req: &DraftRequest,
-    sampler: &mut Sampler,
-    mut step: impl FnMut(usize, u32) -> Result<(SparseDist, f32)>,
-) -> Result<DraftBlock> {
-    let mut block = DraftBlock::default();
-    let mut prev = req.anchor;
-    for k in 0..req.gamma {
-        let (dist, conf) = step(k, prev)?;
-        let dist = match dist.ids.len() {
-            1 => dist,
-            _ => dist.without_tail(vocab.len()),
-        };
-        let pick = match dist.ids.len() {
-            1 => dist.ids[0],
-            _ => dist.draw(sampler.uniform()),
-        };
-        prev = vocab.target_id(pick as usize);
-        block.tokens.push(prev);
-        block.confidences.push(conf);
-        block.dists.push(SparseDist {
-            ids: dist
-                .ids
-                .iter()
-                .map(|i| vocab.target_id(*i as usize))
-                .collect(),
-            probs: dist.probs,
-        });
-    }
-    Ok(block)
 }

@@ -13,6 +13,9 @@ pub enum DsparkError {
     /// A call that does not fit the model or the session (shapes, positions, tokens).
     #[error("invalid drafter call: {0}")]
     Invalid(String),
+    /// A batched draft failed as a whole (every session in it gets this).
+    #[error("a batched draft failed: {0}")]
+    Batch(String),
     /// The checkpoint was made for another target model.
     #[error("drafter was made for target {expected}, but the target is {found}")]
     TargetMismatch {

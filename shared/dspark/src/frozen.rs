@@ -8,6 +8,7 @@
 //! 4.8 ms here.
 
 use candle_core::Var;
+use rayon::prelude::*;
 use tandem_kernels::{dot, gelu_tanh_mul, rms_norm, QMatrix, QType};
 
 use crate::error::Result;
@@ -110,29 +111,41 @@ impl FrozenLayer {
         })
     }
 
-    /// The block `h [γ, d]` after this layer, attending over `ctx` then the block.
+    /// The blocks `h [n · γ, d]` of `n = ctxs.len()` sessions after this layer, each
+    /// block's rows attending over its own session's context, then its own block (the
+    /// sessions' attention in parallel).
     pub(crate) fn forward(
         &self,
         h: &[f32],
-        ctx: &KeyValues,
+        ctxs: &[&KeyValues],
         heads: usize,
         eps: f32,
     ) -> Result<Vec<f32>> {
         let d = self.attn_norm.len();
-        let gamma = h.len() / d;
+        let rows = h.len() / d;
         let n = rms_norm(h, &self.attn_norm, eps);
-        let q = self.q.apply(&n, gamma)?;
-        let block = KeyValues {
-            k: self.k.apply(&n, gamma)?,
-            v: self.v.apply(&n, gamma)?,
-        };
-        let attn = attend(&q, [ctx, &block], d, heads);
-        let mut h = add(h, &self.o.apply(&attn, gamma)?);
+        let q = self.q.apply(&n, rows)?;
+        let k = self.k.apply(&n, rows)?;
+        let v = self.v.apply(&n, rows)?;
+        let per = q.len() / ctxs.len().max(1);
+        let attn: Vec<f32> = ctxs
+            .par_iter()
+            .enumerate()
+            .flat_map_iter(|(i, ctx)| {
+                let own = i * per..(i + 1) * per;
+                let block = KeyValues {
+                    k: k[own.clone()].to_vec(),
+                    v: v[own.clone()].to_vec(),
+                };
+                attend(&q[own], [ctx, &block], d, heads)
+            })
+            .collect();
+        let mut h = add(h, &self.o.apply(&attn, rows)?);
         let n2 = rms_norm(&h, &self.ff_norm, eps);
-        let mut act = self.gate.apply(&n2, gamma)?;
-        let up = self.up.apply(&n2, gamma)?;
+        let mut act = self.gate.apply(&n2, rows)?;
+        let up = self.up.apply(&n2, rows)?;
         gelu_tanh_mul(&mut act, &up);
-        let down = self.down.apply(&act, gamma)?;
+        let down = self.down.apply(&act, rows)?;
         h.iter_mut().zip(&down).for_each(|(x, y)| *x += y);
         Ok(h)
     }

@@ -12,10 +12,14 @@
 //!   attention over (context + γ), never a re-projection of the context.
 //! * [`DeviceDrafter`] runs the same inference forward in candle ops on a device (a GPU
 //!   beside a GPU target), its [`DeviceContext`] kept there.
-//! * [`DsparkProposer`] implements [`tandem_core::Proposer`] over either.
+//! * [`BatchedDrafter`] drafts the blocks of sessions that ask at once in one pass
+//!   ([`Drafter::draft_many`]), each block what the session would get alone.
+//! * [`DsparkProposer`] implements [`tandem_core::Proposer`] over any of them.
 //! * Checkpoints are safetensors plus a manifest bound to the target's identity.
 
 mod backbone;
+mod batch;
+mod batched;
 mod checkpoint;
 mod config;
 mod device;
@@ -27,6 +31,8 @@ mod params;
 mod proposer;
 mod train;
 
+pub use batch::DraftJob;
+pub use batched::{BatchedContext, BatchedDrafter, DraftBatching};
 pub use checkpoint::{
     attach_calibration, check_manifest, index_shards, load_calibration, SaveOptions, CALIBRATION,
     MANIFEST,

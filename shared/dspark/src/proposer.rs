@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use candle_core::Device;
 
+use tandem_core::batching::StepObserver;
 use tandem_core::calibration::{Calibration, Regime};
 use tandem_core::lookup::History;
 use tandem_core::{
@@ -19,6 +20,7 @@ use tandem_core::{
 };
 use tandem_gemma::TargetHead;
 
+use crate::batched::{BatchedDrafter, DraftBatching};
 use crate::device::{DeviceContext, DeviceDrafter};
 use crate::draft::{ContextCache, DraftRequest, Drafter};
 use crate::error::{DsparkError, Result};
@@ -47,6 +49,10 @@ pub trait BlockDrafter: Send + Sync + 'static {
     /// Drafts a block.
     fn draft(&self, ctx: &Self::Context, req: &DraftRequest, s: &mut Sampler)
         -> Result<DraftBlock>;
+    /// Has `observer` told of every batched step; false where sessions draft alone.
+    fn observe_steps(&self, _observer: Arc<dyn StepObserver>) -> bool {
+        false
+    }
 }
 
 impl BlockDrafter for Drafter {
@@ -110,6 +116,21 @@ impl DsparkProposer {
     }
 }
 
+impl DsparkProposer<BatchedDrafter> {
+    /// A proposer for `model` drafting on the host through `target`'s head, the blocks of
+    /// sessions that ask together drafted in one pass ([`BatchedDrafter`]).
+    pub fn batched(
+        model: Arc<Dspark>,
+        target: &TargetHead,
+        batching: DraftBatching,
+    ) -> Result<Self> {
+        Self::with(
+            BatchedDrafter::new(model.drafter(target)?, batching)?,
+            &model,
+        )
+    }
+}
+
 impl DsparkProposer<DeviceDrafter> {
     /// A proposer for `model` drafting on `device` through `target`'s head.
     pub fn on_device(model: Arc<Dspark>, target: &TargetHead, device: &Device) -> Result<Self> {
@@ -149,6 +170,10 @@ impl<D: BlockDrafter> Proposer for DsparkProposer<D> {
 
     fn max_gamma(&self) -> usize {
         self.max_gamma
+    }
+
+    fn observe_steps(&self, observer: Arc<dyn StepObserver>) -> bool {
+        self.drafter.observe_steps(observer)
     }
 
     fn open(

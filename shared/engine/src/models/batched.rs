@@ -13,13 +13,14 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use tandem_core::batching::{Observers, StepObserver};
 use tandem_core::{SnapshotSpec, SnapshotSupport, StepCosts, TargetIdentity};
 use tandem_gemma::{
     ForwardOptions, ForwardOutput, Gemma3, GemmaError, KvCache, LogitsMode, Segment, TargetHead,
 };
 
 use super::gemma3::{forward_options, interleave};
-use super::stepper::{BatchLimits, Job, Observers, StepObserver, Stepper};
+use super::stepper::{BatchLimits, Job, Stepper};
 use super::{Target, TargetFacts, TargetSequence, TargetStep};
 use crate::error::{EngineError, Result};
 
@@ -44,7 +45,7 @@ impl BatchedGemma3 {
         };
         let (tx, rx) = mpsc::channel();
         let costs = profile(&model)?;
-        let observers: Observers = Arc::default();
+        let observers = Observers::default();
         let alive = Arc::new(AtomicUsize::new(0));
         let stepper = Stepper {
             model: model.clone(),
@@ -173,10 +174,7 @@ impl Target for BatchedGemma3 {
     }
 
     fn observe_steps(&self, observer: Arc<dyn StepObserver>) -> bool {
-        self.observers
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(observer);
+        self.observers.add(observer);
         true
     }
 

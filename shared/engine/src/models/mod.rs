@@ -12,7 +12,8 @@ mod stepper;
 
 pub use batched::BatchedGemma3;
 pub use gemma4::Gemma4Target;
-pub use stepper::{BatchLimits, StepObserver, StepReport};
+pub use stepper::BatchLimits;
+pub use tandem_core::batching::{StepObserver, StepReport};
 
 use std::sync::Arc;
 

@@ -1,16 +1,14 @@
 //! The stepper of a batched target: one thread that forms steps from the forwards
-//! generations send it and runs each step as one ragged forward. A step starts with the
-//! first forward waiting and takes every other one waiting, up to a row limit; if some
-//! running generations have not sent theirs yet (they were reading the last step's answer,
-//! or drafting), it waits for them a little — at most a quarter of a recent step and never
-//! more than [`BatchLimits::max_wait`] — so that steps hold whole batches rather than
-//! stragglers.
+//! generations send it ([`tandem_core::batching::gather`]: every forward waiting, and a
+//! short wait for running generations that have not sent theirs) and runs each step as one
+//! ragged forward.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::AtomicUsize;
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tandem_core::batching::{gather, Gathering, Observers, Pace, Rows, StepReport};
 use tandem_gemma::{ForwardOptions, ForwardOutput, Gemma3, GemmaError, KvCache, Segment};
 
 /// How the stepper forms its steps.
@@ -34,26 +32,6 @@ impl Default for BatchLimits {
     }
 }
 
-/// What one step ran, for metrics.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StepReport {
-    /// Forwards (one per generation) in the step.
-    pub sequences: usize,
-    /// Token rows in the step.
-    pub rows: usize,
-    /// Wall time of the step's forward.
-    pub seconds: f64,
-}
-
-/// Receives every step's [`StepReport`] (the verifier's metrics).
-pub trait StepObserver: Send + Sync {
-    /// Called after each step, on the stepper thread.
-    fn step(&self, report: &StepReport);
-}
-
-/// Everything that receives the steps' reports.
-pub(super) type Observers = Arc<RwLock<Vec<Arc<dyn StepObserver>>>>;
-
 /// A forward waiting for a step: the cache travels with it and comes back with the output.
 pub(super) struct Job {
     pub(super) tokens: Vec<u32>,
@@ -61,6 +39,12 @@ pub(super) struct Job {
     pub(super) cache: KvCache,
     pub(super) opts: ForwardOptions,
     pub(super) reply: SyncSender<(KvCache, tandem_gemma::Result<ForwardOutput>)>,
+}
+
+impl Rows for Job {
+    fn rows(&self) -> usize {
+        self.tokens.len()
+    }
 }
 
 /// The stepper thread's state.
@@ -77,47 +61,19 @@ impl Stepper {
     /// Runs steps until every sender is gone.
     pub(super) fn run(self) {
         let mut held: Option<Job> = None;
-        let mut recent = 0.0f64;
+        let mut pace = Pace::default();
         while let Some(first) = held.take().or_else(|| self.jobs.recv().ok()) {
-            let wait = Duration::from_secs_f64(recent / 4.0).min(self.limits.max_wait);
-            let (step, over) = self.gather(first, wait);
+            let limits = Gathering {
+                max_rows: self.limits.max_rows,
+                wait: pace.wait(self.limits.max_wait),
+                alive: &self.alive,
+            };
+            let (step, over) = gather(&self.jobs, first, limits);
             held = over;
             if let Some(seconds) = self.run_step(step) {
-                recent = if recent == 0.0 {
-                    seconds
-                } else {
-                    0.8 * recent + 0.2 * seconds
-                };
+                pace.record(seconds);
             }
         }
-    }
-
-    /// The step that starts with `first`: every forward waiting, and those that arrive
-    /// within `wait` while some running generation has not sent one; a forward that would
-    /// pass the row limit is returned for the next step.
-    fn gather(&self, first: Job, wait: Duration) -> (Vec<Job>, Option<Job>) {
-        let until = Instant::now() + wait;
-        let mut rows = first.tokens.len();
-        let mut step = vec![first];
-        loop {
-            let next = match self.jobs.try_recv() {
-                Ok(job) => job,
-                Err(_) if step.len() >= self.alive.load(Ordering::Acquire) => break,
-                Err(_) => match self
-                    .jobs
-                    .recv_timeout(until.saturating_duration_since(Instant::now()))
-                {
-                    Ok(job) => job,
-                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
-                },
-            };
-            if rows + next.tokens.len() > self.limits.max_rows {
-                return (step, Some(next));
-            }
-            rows += next.tokens.len();
-            step.push(next);
-        }
-        (step, None)
     }
 
     /// Runs `step`'s valid forwards together and answers every job (one that the model
@@ -142,8 +98,7 @@ impl Stepper {
             };
             drop(segs);
             seconds = Some(report.seconds);
-            let observers = self.observers.read().unwrap_or_else(|e| e.into_inner());
-            observers.iter().for_each(|o| o.step(&report));
+            self.observers.report(&report);
             match outs {
                 Ok(outs) => replies.extend(
                     ready

@@ -1,0 +1,190 @@
+//! How a batching thread forms its steps from the jobs that sessions send it (Orca's
+//! iteration-level scheduling, Yu et al., OSDI 2022), shared by the target's stepper and
+//! the drafter's: a step starts with the first job waiting and takes every other one
+//! waiting, up to a row limit; while some live sessions have not sent theirs yet (they were
+//! reading the last step's answer, or doing other work), it waits for them a little — at
+//! most a quarter of a recent step ([`Pace`]) and never more than a configured cap — so that
+//! steps hold whole batches rather than stragglers. What each step ran is reported to
+//! [`StepObserver`]s (metrics, the draft scheduler's costs).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+/// What one batched step ran, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepReport {
+    /// Jobs (one per session) in the step.
+    pub sequences: usize,
+    /// Token rows in the step.
+    pub rows: usize,
+    /// Wall time of the step's forward.
+    pub seconds: f64,
+}
+
+/// Receives every step's [`StepReport`].
+pub trait StepObserver: Send + Sync {
+    /// Called after each step, on the batching thread.
+    fn step(&self, report: &StepReport);
+}
+
+/// Everything that receives a batching thread's reports; observers join at any time.
+#[derive(Clone, Default)]
+pub struct Observers(Arc<RwLock<Vec<Arc<dyn StepObserver>>>>);
+
+impl Observers {
+    /// Adds `observer`.
+    pub fn add(&self, observer: Arc<dyn StepObserver>) {
+        self.0
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(observer);
+    }
+
+    /// Tells every observer what a step ran.
+    pub fn report(&self, report: &StepReport) {
+        let observers = self.0.read().unwrap_or_else(|e| e.into_inner());
+        observers.iter().for_each(|o| o.step(report));
+    }
+}
+
+/// A job's size in a step's row limit.
+pub trait Rows {
+    /// Token rows the job adds to a step.
+    fn rows(&self) -> usize;
+}
+
+/// The limits a step is gathered under.
+#[derive(Debug, Clone, Copy)]
+pub struct Gathering<'a> {
+    /// The most rows a step takes (a job that alone is longer goes alone).
+    pub max_rows: usize,
+    /// How long the step may wait for live sessions that have not sent a job.
+    pub wait: Duration,
+    /// Sessions that exist (each sends at most one job per step).
+    pub alive: &'a AtomicUsize,
+}
+
+/// The step that starts with `first`: every job waiting, and those that arrive within
+/// `limits.wait` while fewer jobs than live sessions are in it; a job that would pass the
+/// row limit is returned for the next step.
+pub fn gather<J: Rows>(jobs: &Receiver<J>, first: J, limits: Gathering<'_>) -> (Vec<J>, Option<J>) {
+    let until = Instant::now() + limits.wait;
+    let mut rows = first.rows();
+    let mut step = vec![first];
+    loop {
+        let next = match jobs.try_recv() {
+            Ok(job) => job,
+            Err(_) if step.len() >= limits.alive.load(Ordering::Acquire) => break,
+            Err(_) => match jobs.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok(job) => job,
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+            },
+        };
+        if rows + next.rows() > limits.max_rows {
+            return (step, Some(next));
+        }
+        rows += next.rows();
+        step.push(next);
+    }
+    (step, None)
+}
+
+/// A batching thread's recent step time (an exponential average), which bounds how long a
+/// step waits for stragglers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pace {
+    recent: f64,
+}
+
+impl Pace {
+    /// How long the next step may wait: a quarter of a recent step, at most `cap` (no wait
+    /// before the first step was timed).
+    pub fn wait(&self, cap: Duration) -> Duration {
+        Duration::from_secs_f64(self.recent / 4.0).min(cap)
+    }
+
+    /// Takes a step's seconds into the average.
+    pub fn record(&mut self, seconds: f64) {
+        self.recent = match self.recent == 0.0 {
+            true => seconds,
+            false => 0.8 * self.recent + 0.2 * seconds,
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    struct Job(usize);
+
+    impl Rows for Job {
+        fn rows(&self) -> usize {
+            self.0
+        }
+    }
+
+    fn limits(alive: &AtomicUsize, max_rows: usize, wait_ms: u64) -> Gathering<'_> {
+        Gathering {
+            max_rows,
+            wait: Duration::from_millis(wait_ms),
+            alive,
+        }
+    }
+
+    #[test]
+    fn takes_every_waiting_job_without_waiting_once_all_sessions_sent() {
+        let (tx, rx) = mpsc::channel();
+        [2, 3, 4].into_iter().for_each(|r| tx.send(Job(r)).expect("send"));
+        let alive = AtomicUsize::new(4);
+        let t0 = Instant::now();
+        let (step, over) = gather(&rx, Job(1), limits(&alive, 64, 10_000));
+        assert_eq!(step.iter().map(|j| j.0).collect::<Vec<_>>(), [1, 2, 3, 4]);
+        assert!(over.is_none());
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "it waited for nobody"
+        );
+    }
+
+    #[test]
+    fn waits_at_most_the_wait_for_missing_sessions() {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let alive = AtomicUsize::new(3);
+        let t0 = Instant::now();
+        let (step, over) = gather(&rx, Job(1), limits(&alive, 64, 30));
+        let waited = t0.elapsed();
+        assert_eq!(step.len(), 1);
+        assert!(over.is_none());
+        assert!(waited >= Duration::from_millis(30), "{waited:?}");
+        drop(tx);
+    }
+
+    #[test]
+    fn a_job_past_the_row_limit_waits_for_the_next_step() {
+        let (tx, rx) = mpsc::channel();
+        [3, 5, 1].into_iter().for_each(|r| tx.send(Job(r)).expect("send"));
+        let alive = AtomicUsize::new(4);
+        let (step, over) = gather(&rx, Job(4), limits(&alive, 8, 0));
+        assert_eq!(step.iter().map(|j| j.0).collect::<Vec<_>>(), [4, 3]);
+        assert_eq!(over.map(|j| j.0), Some(5));
+        let (alone, _) = gather(&rx, Job(20), limits(&alive, 8, 0));
+        assert_eq!(alone.iter().map(|j| j.0).collect::<Vec<_>>(), [20]);
+    }
+
+    #[test]
+    fn pace_waits_a_quarter_of_recent_steps_under_the_cap() {
+        let mut pace = Pace::default();
+        assert_eq!(pace.wait(Duration::from_millis(5)), Duration::ZERO);
+        pace.record(0.008);
+        assert_eq!(pace.wait(Duration::from_millis(5)).as_micros(), 2000);
+        pace.record(0.108);
+        assert_eq!(
+            pace.wait(Duration::from_millis(5)),
+            Duration::from_millis(5)
+        );
+    }
+}
