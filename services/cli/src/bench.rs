@@ -20,7 +20,8 @@ use crate::models::ModelArgs;
 
 /// A fixed English passage; the bench tokenizes it (repeated) and takes as many tokens as it
 /// needs, so every run and machine sees the same inputs.
-const PASSAGE: &str = "The history of computing is a story of abstraction. Early machines were \
+pub(crate) const PASSAGE: &str =
+    "The history of computing is a story of abstraction. Early machines were \
 programmed by rewiring panels; later, stored programs let the same hardware run many tasks. \
 Assemblers gave names to instructions, compilers turned formulas into machine code, and \
 operating systems shared one computer among many users. Each layer hid the one below it, and \
@@ -38,6 +39,10 @@ enum BenchKind {
     /// A paired A/B of two drafters on the same prompts: acceptance and speed differences
     /// with 95 % intervals, and whether B should replace A.
     Ab(crate::bench_ab::AbArgs),
+    /// How many sessions one drafter service sustains: blocks per second and the wait for
+    /// a block at each concurrency, blocks of sessions that ask at once drafted in one pass
+    /// against each alone.
+    Drafter(crate::bench_drafter::DrafterBenchArgs),
     /// N client sessions for M seconds against a verifier and two drafters on loopback:
     /// cancellations, slow readers, bad requests, deadlines and a drafter killed midway;
     /// fails on unexpected errors, lost generations, gauges not back at 0 or RSS growth.
@@ -132,6 +137,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchKind::Rpc(a) => crate::bench_rpc::run(a),
         BenchKind::Speculative(a) => crate::bench_spec::run(a),
         BenchKind::Ab(a) => crate::bench_ab::run(a),
+        BenchKind::Drafter(a) => crate::bench_drafter::run(a),
         BenchKind::Soak(a) => crate::bench_soak::run(a),
         BenchKind::Http(a) => crate::bench_http::run(a),
         BenchKind::Load(a) => crate::bench_load::run(a),

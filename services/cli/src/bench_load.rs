@@ -359,7 +359,7 @@ fn summarize(
 }
 
 /// The `q` quantile of `v` (nearest rank; 0 for none).
-fn percentile(v: &[f64], q: f64) -> f64 {
+pub(crate) fn percentile(v: &[f64], q: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }

@@ -146,7 +146,7 @@ pub async fn start_batched(
 }
 
 /// A drafter serving `drafter` on `grpc` and `metrics`, once it reports SERVING.
-async fn start_drafter(
+pub(crate) async fn start_drafter(
     drafter: &DrafterArgs,
     models: &ModelArgs,
     grpc: SocketAddr,

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_ab;
+mod bench_drafter;
 mod bench_http;
 mod bench_load;
 mod bench_rpc;

@@ -140,6 +140,33 @@ fn bench_load_reports_each_mode_and_concurrency() {
     std::fs::remove_file(&png).ok();
 }
 
+/// The drafter bench: every mode at every concurrency, each session's blocks answered;
+/// batched drafting puts the blocks of several sessions in one step, drafting alone never.
+#[test]
+fn bench_drafter_reports_each_mode_and_concurrency() {
+    let args = ["--sessions", "1,3", "--rounds", "4", "--context", "32"];
+    let (report, text) = bench_json("drafter", &args);
+    let points = report["points"].as_array().expect("points");
+    assert_eq!(points.len(), 4, "{report}");
+    for p in points {
+        assert!(p["blocks_per_s"].as_f64().expect("blocks/s") > 0.0, "{p}");
+        assert!(
+            p["block_wait_p50_ms"].as_f64().expect("p50")
+                <= p["block_wait_p99_ms"].as_f64().expect("p99")
+        );
+    }
+    let at = |mode: &str| {
+        let p = points
+            .iter()
+            .find(|p| p["mode"] == mode && p["sessions"] == 3)
+            .expect("a point at 3 sessions");
+        p["sessions_per_step"].as_f64().expect("sessions per step")
+    };
+    assert!(at("batched") > 1.0, "{report}");
+    assert_eq!(at("alone"), 1.0, "{report}");
+    assert!(text.contains("blocks/s"), "{text}");
+}
+
 /// A short soak (the CI one; `docs/performance` has the long one): four sessions for 20
 /// seconds with every behaviour and a drafter killed midway; nothing unexpected, nothing
 /// lost, every gauge back at 0.

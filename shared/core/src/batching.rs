@@ -138,7 +138,9 @@ mod tests {
     #[test]
     fn takes_every_waiting_job_without_waiting_once_all_sessions_sent() {
         let (tx, rx) = mpsc::channel();
-        [2, 3, 4].into_iter().for_each(|r| tx.send(Job(r)).expect("send"));
+        [2, 3, 4]
+            .into_iter()
+            .for_each(|r| tx.send(Job(r)).expect("send"));
         let alive = AtomicUsize::new(4);
         let t0 = Instant::now();
         let (step, over) = gather(&rx, Job(1), limits(&alive, 64, 10_000));
@@ -166,7 +168,9 @@ mod tests {
     #[test]
     fn a_job_past_the_row_limit_waits_for_the_next_step() {
         let (tx, rx) = mpsc::channel();
-        [3, 5, 1].into_iter().for_each(|r| tx.send(Job(r)).expect("send"));
+        [3, 5, 1]
+            .into_iter()
+            .for_each(|r| tx.send(Job(r)).expect("send"));
         let alive = AtomicUsize::new(4);
         let (step, over) = gather(&rx, Job(4), limits(&alive, 8, 0));
         assert_eq!(step.iter().map(|j| j.0).collect::<Vec<_>>(), [4, 3]);
