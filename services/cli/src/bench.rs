@@ -79,6 +79,10 @@ struct TargetArgs {
     /// Block sizes to time.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,9,16")]
     blocks: Vec<usize>,
+    /// Activation rows at which each weight product of a CPU target is timed (the first
+    /// must be 1: the others are reported against it).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,9,16,32,64")]
+    product_rows: Vec<usize>,
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
@@ -115,6 +119,8 @@ struct TargetReport {
     decode_ms_per_token: f64,
     context: usize,
     blocks: Vec<BlockCost>,
+    /// Each weight product on its own (CPU Gemma 3 targets).
+    products: Option<crate::bench_products::Products>,
 }
 
 /// Writes `report` as pretty JSON to `path`, making its folder when missing.
@@ -149,6 +155,9 @@ fn target(a: TargetArgs) -> Result<()> {
     if a.repeats == 0 || a.blocks.contains(&0) || a.prompt_tokens == 0 || a.decode_tokens < 2 {
         bail!("repeats, block sizes and prompt tokens must be >= 1 and decode tokens >= 2");
     }
+    if a.product_rows.first() != Some(&1) || a.product_rows.contains(&0) {
+        bail!("--product-rows must start with 1 and hold no 0");
+    }
     let loading = Instant::now();
     let engine = a.models.load_engine()?;
     let load_s = loading.elapsed().as_secs_f64();
@@ -179,6 +188,19 @@ fn target(a: TargetArgs) -> Result<()> {
     let decode_tok_s = median(decode);
     let step_ms = 1000.0 / decode_tok_s;
     let blocks = block_costs(model.as_ref(), &ids, &a, step_ms)?;
+    drop((model, engine));
+    let products = match (a.models.candle_device()?, a.models.load()) {
+        (None, Ok((gemma, _))) => Some(crate::bench_products::measure(
+            &gemma,
+            &a.product_rows,
+            a.repeats.max(5),
+        )?),
+        (Some(_), _) => None,
+        (None, Err(e)) => {
+            eprintln!("bench target: no weight products for this target ({e})");
+            None
+        }
+    };
     let report = TargetReport {
         backend: a.models.backend(),
         threads: rayon::current_num_threads(),
@@ -190,6 +212,7 @@ fn target(a: TargetArgs) -> Result<()> {
         decode_ms_per_token: step_ms,
         context: a.context,
         blocks,
+        products,
     };
     print_report(&report);
     if let Some(path) = &a.json {
@@ -261,5 +284,8 @@ fn print_report(r: &TargetReport) {
             "  {:>5} {:>7.1} {:>10.2} {:>14.2} {:>11.1} {:>14.2}",
             b.block, b.ms, b.ms_per_token, b.decode_steps, b.greedy_ms, b.greedy_decode_steps
         );
+    }
+    if let Some(p) = &r.products {
+        crate::bench_products::print(p);
     }
 }

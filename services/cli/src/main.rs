@@ -5,6 +5,7 @@ mod bench_ab;
 mod bench_drafter;
 mod bench_http;
 mod bench_load;
+mod bench_products;
 mod bench_rpc;
 mod bench_soak;
 mod bench_spec;

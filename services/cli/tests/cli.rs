@@ -228,6 +228,8 @@ fn bench_target_reports_load_decode_and_block_costs() {
             "8",
             "--context",
             "16",
+            "--product-rows",
+            "1,4",
         ],
     );
     let positive = |v: &serde_json::Value| v.as_f64().is_some_and(|x| x > 0.0 && x.is_finite());
@@ -251,6 +253,21 @@ fn bench_target_reports_load_decode_and_block_costs() {
         text.contains("load") && text.contains("decode steps"),
         "{text}"
     );
+    // Every weight matrix of the 18 layers (7 each) and the head, timed by storage type.
+    let products = &report["products"];
+    assert_eq!(products["rows"], serde_json::json!([1, 4]));
+    let types = products["types"].as_array().expect("types");
+    let matrices: u64 = types
+        .iter()
+        .map(|t| t["matrices"].as_u64().expect("n"))
+        .sum();
+    assert_eq!(matrices, 18 * 7 + 1, "{products}");
+    for t in types {
+        let ms = t["ms_per_forward"].as_array().expect("ms");
+        assert!(ms.iter().all(positive), "{t}");
+        assert_eq!(t["vs_one_row"][0], 1.0, "{t}");
+    }
+    assert!(text.contains("weight products per storage type"), "{text}");
 }
 
 /// Runs `tandem bench speculative` on one prompt (plus `extra` flags) and returns its JSON

@@ -26,7 +26,7 @@ pub use error::{GemmaError, Result};
 pub use gemma3::{
     export_hf, hf_config_json, DeviceCache, DeviceGemma3, DeviceOptions, ForwardOptions,
     ForwardOutput, Gemma3, Gemma3Model, GemmaConfig, KvCache, LoadOptions, LogitsMode, Precision,
-    RestrictedHead, RopeScaling, Segment, SequenceCache, TargetHead,
+    RestrictedHead, RopeScaling, Segment, SequenceCache, TargetHead, Weight,
 };
 pub use gguf::inspect_gguf;
 pub use launch::{argmax_rows, prepare_device, with_cached_layouts};

@@ -3,7 +3,7 @@
 //! (`tandem_kernels::LaneMatrix`: one FMA chain per output, the same bits on every
 //! CPU); `int8` and unquantized weights keep their ggml layout.
 
-use tandem_kernels::{LaneMatrix, QMatrix};
+use tandem_kernels::{LaneMatrix, QMatrix, QType};
 
 use super::model::Precision;
 use crate::error::Result;
@@ -29,6 +29,14 @@ impl Linear {
         match self {
             Linear::Lanes(w) => Some(w),
             Linear::Ggml(_) => None,
+        }
+    }
+
+    /// The storage type.
+    pub(crate) fn qtype(&self) -> QType {
+        match self {
+            Linear::Ggml(w) => w.qtype(),
+            Linear::Lanes(w) => w.qtype(),
         }
     }
 

@@ -17,6 +17,7 @@ mod linear;
 mod model;
 pub(crate) mod names;
 mod step;
+mod weights;
 
 pub use config::{GemmaConfig, RopeScaling};
 pub use convert::{export_hf, hf_config_json};
@@ -27,3 +28,4 @@ pub use head::{RestrictedHead, TargetHead};
 pub use kv_cache::KvCache;
 pub use model::{ForwardOptions, ForwardOutput, Gemma3, LoadOptions, LogitsMode, Precision};
 pub use step::Segment;
+pub use weights::Weight;
