@@ -3,8 +3,9 @@
 //! the blocks of all sessions asking at once as one [`Drafter::draft_many`] — one read of
 //! the drafter's weights and one product of the Markov head per block position for the
 //! whole batch. Steps form as the target's do ([`tandem_core::batching::gather`]): every
-//! block waiting, and a short wait for live sessions that have not asked yet. Each session
-//! gets exactly the block it would get alone.
+//! block waiting, and a short wait for live sessions that have not asked yet. While only
+//! one session lives, it drafts on its own thread. Each session gets exactly the block it
+//! would get alone.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};

@@ -1,13 +1,21 @@
 //! Batched drafting: the blocks of several sessions drafted in one pass are bit for bit
 //! the blocks each session gets drafting alone (tokens, confidences, distributions and
-//! the sampler draws after), on the tiny head and on the real Gemma 3 270M head, and an
-//! invalid request fails alone.
+//! the sampler draws after), on the tiny head and on the real Gemma 3 270M head; an
+//! invalid request fails alone; a batched proposer's concurrent sessions get the plain
+//! proposer's blocks.
 
 mod common;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use common::*;
-use tandem_core::{DraftBlock, Sampler, SamplingParams};
-use tandem_dspark::{ContextCache, DraftJob, DraftRequest, Drafter, DsparkConfig, DsparkError};
+use tandem_core::batching::{StepObserver, StepReport};
+use tandem_core::{DraftBlock, ProposeRequest, Proposer, Sampler, SamplingParams, SnapshotRows};
+use tandem_dspark::{
+    ContextCache, DraftBatching, DraftJob, DraftRequest, Drafter, DsparkConfig, DsparkError,
+    DsparkProposer,
+};
 use tandem_gemma::TargetHead;
 use tandem_testkit::{bits, real_gguf, Lcg};
 
@@ -198,4 +206,87 @@ fn batched_blocks_equal_blocks_drafted_alone_on_the_real_head() {
     let mut rng = Lcg::new(11);
     let cases = cases(&d, &mut rng, 4, 32_768, 8);
     assert_batch_equals_alone(&d, &cases);
+}
+
+/// Counts the blocks of every batched step.
+#[derive(Default)]
+struct Blocks(std::sync::atomic::AtomicUsize);
+
+impl StepObserver for Blocks {
+    fn step(&self, r: &StepReport) {
+        self.0
+            .fetch_add(r.sequences, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Sessions of a batched proposer drafting at once from their own threads get the blocks
+/// the plain proposer gives them, and every block went through the batching thread.
+#[test]
+fn a_batched_proposer_drafts_what_the_plain_one_drafts() {
+    let head = tiny_head(1);
+    let model = Arc::new(busy_drafter(tiny_config(), &head, 3));
+    let plain = DsparkProposer::new(Arc::clone(&model), &head).expect("plain");
+    let batching = DraftBatching {
+        max_sessions: 3,
+        max_wait: Duration::from_millis(20),
+    };
+    let batched = DsparkProposer::batched(model, &head, batching).expect("batched");
+    let seen = Arc::new(Blocks::default());
+    assert!(batched.observe_steps(seen.clone()));
+    assert!(!plain.observe_steps(seen.clone()));
+    let run = |p: &dyn Proposer| -> Vec<Vec<DraftBlock>> {
+        let sessions: Vec<_> = (0..4)
+            .map(|i| p.open(&params(&mut Lcg::new(i), 50 + i)).expect("open"))
+            .collect();
+        std::thread::scope(|s| {
+            let threads: Vec<_> = sessions
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut session)| {
+                    s.spawn(move || {
+                        let width = session_width();
+                        let mut rng = Lcg::new(90 + i as u64);
+                        let mut blocks = Vec::new();
+                        for round in 0..3 {
+                            let rows = SnapshotRows {
+                                start: round * 2,
+                                width,
+                                data: taps(&mut rng, 2, width),
+                            };
+                            session.extend(&rows).expect("extend");
+                            let req = ProposeRequest {
+                                anchor: (5 + i + round) as u32,
+                                position: round * 2 + 2,
+                                gamma: 1 + (i + round) % 4,
+                            };
+                            blocks.push(session.propose(&req).expect("propose"));
+                        }
+                        // Kept open until every session is done, so none drafts alone.
+                        (blocks, session)
+                    })
+                })
+                .collect();
+            let done: Vec<_> = threads
+                .into_iter()
+                .map(|t| t.join().expect("session"))
+                .collect();
+            done.into_iter().map(|(blocks, _)| blocks).collect()
+        })
+    };
+    let want = run(&plain);
+    let got = run(&batched);
+    for (w, g) in want.iter().zip(&got) {
+        let bits = |b: &[DraftBlock]| b.iter().map(block_bits).collect::<Vec<_>>();
+        assert_eq!(bits(w), bits(g));
+    }
+    assert_eq!(seen.0.load(std::sync::atomic::Ordering::SeqCst), 4 * 3);
+}
+
+/// Floats per snapshot row of the tiny drafter.
+fn session_width() -> usize {
+    let head = tiny_head(1);
+    busy_drafter(tiny_config(), &head, 3)
+        .drafter(&head)
+        .expect("drafter")
+        .row_width()
 }
