@@ -191,6 +191,7 @@ async fn the_drafter_refuses_bad_streams_and_goes_on() {
         start: 0,
         width: spec.row_width(),
         data: vec![0.5; 3 * spec.row_width()],
+        tokens: Vec::new(),
     };
     let good = rows_to_pb(&rows, pb::Dtype::Bf16);
     let propose = Msg::Propose(pb::Propose {

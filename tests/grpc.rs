@@ -1,12 +1,17 @@
 //! The services end to end over real sockets on 127.0.0.1, with the real Gemma 3 270M and
 //! a randomly initialised DSpark drafter: greedy output through verifier + two drafters
 //! equals in-process speculative output equals plain output for 8 concurrent sessions;
-//! health, metrics and their invariants; a cancelled client frees its session on both sides.
+//! health, metrics and their invariants; a cancelled client frees its session on both sides;
+//! the drafter is sent every committed token with its row.
 #![allow(clippy::unwrap_used)]
 
 use std::ops::ControlFlow;
 use std::time::Duration;
 
+use tandem_core::{
+    DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams,
+    SnapshotRows, SnapshotSpec,
+};
 use tandem_e2e::*;
 use tandem_engine::{GenerationRequest, Update};
 use tandem_proto::v1 as pb;
@@ -164,4 +169,80 @@ async fn a_cancelled_client_frees_its_session_on_both_sides() {
         .await
         .expect("serves the next request");
     assert_eq!((ids.len(), f.reason), (4, pb::FinishReason::Length as i32));
+}
+
+/// Every session's row tokens, in order.
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<Vec<u32>>>>;
+
+/// A drafter's proposer that records the token of every row each session is sent.
+struct Recording {
+    inner: std::sync::Arc<dyn Proposer>,
+    sessions: Seen,
+}
+
+struct RecordingSession {
+    inner: Box<dyn ProposerSession>,
+    sessions: Seen,
+    index: usize,
+}
+
+impl Proposer for Recording {
+    fn snapshot_spec(&self) -> SnapshotSpec {
+        self.inner.snapshot_spec()
+    }
+    fn max_gamma(&self) -> usize {
+        self.inner.max_gamma()
+    }
+    fn open(&self, s: &SamplingParams) -> Result<Box<dyn ProposerSession>, ProposeError> {
+        let mut sessions = self.sessions.lock().unwrap();
+        sessions.push(Vec::new());
+        Ok(Box::new(RecordingSession {
+            inner: self.inner.open(s)?,
+            sessions: self.sessions.clone(),
+            index: sessions.len() - 1,
+        }))
+    }
+}
+
+impl ProposerSession for RecordingSession {
+    fn extend(&mut self, rows: &SnapshotRows) -> Result<(), ProposeError> {
+        let mut sessions = self.sessions.lock().unwrap();
+        let seen = &mut sessions[self.index];
+        assert_eq!(seen.len(), rows.start, "rows in order from position 0");
+        assert_eq!(rows.tokens.len(), rows.rows(), "a token with every row");
+        seen.extend_from_slice(&rows.tokens);
+        drop(sessions);
+        self.inner.extend(rows)
+    }
+    fn propose(&mut self, req: &ProposeRequest) -> Result<DraftBlock, ProposeError> {
+        self.inner.propose(req)
+    }
+}
+
+/// Over gRPC the drafter is sent the committed token of every row, the prompt's first:
+/// what it was sent is the prompt and then the generation, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_drafter_is_sent_every_committed_token() {
+    let sessions = Seen::default();
+    let recording = Recording {
+        inner: random_drafter(),
+        sessions: std::sync::Arc::clone(&sessions),
+    };
+    let d = start_drafter_on("127.0.0.1", std::sync::Arc::new(recording), target()).await;
+    let setup = VerifierSetup {
+        drafters: vec![d.url.clone()],
+        ..Default::default()
+    };
+    let v = start_verifier(setup).await;
+    let prompt = PROMPTS[3];
+    let (ids, ..) = generate(&v.url, request(prompt, NEW_TOKENS, true))
+        .await
+        .unwrap();
+    let mut context = engine().tokenizer().encode(prompt, true).unwrap();
+    let prompt_len = context.len();
+    context.extend(&ids);
+    // The drafter's own warm-up session came first.
+    let seen = sessions.lock().unwrap().last().cloned().unwrap();
+    assert!(seen.len() > prompt_len, "{} tokens seen", seen.len());
+    assert_eq!(seen[..], context[..seen.len()]);
 }

@@ -282,6 +282,7 @@ async fn session(plan: Plan) -> Result<SessionRun> {
             start,
             width,
             data: work.rows[start * width..end * width].to_vec(),
+            tokens: work.tokens[start..end].to_vec(),
         };
         send(Msg::Rows(rows_to_pb(&rows, pb::Dtype::F32)))
     };

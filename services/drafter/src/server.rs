@@ -70,6 +70,7 @@ fn warm_up(proposer: &dyn Proposer) -> Result<(), ServeError> {
         start: 0,
         width: spec.row_width(),
         data: vec![0.0; 2 * spec.row_width()],
+        tokens: vec![2, 2],
     })?;
     session.propose(&ProposeRequest {
         anchor: 2,

@@ -42,6 +42,7 @@ impl FailoverSession {
             dtype: members.session.dtype as i32,
             shape: vec![0, members.snapshot().row_width() as u32],
             data: Vec::new(),
+            tokens: Vec::new(),
         };
         Ok(Self {
             members,
@@ -62,6 +63,13 @@ impl FailoverSession {
             )));
         }
         self.history.data.extend_from_slice(&rows.data);
+        // Tokens are kept while every row sent had one.
+        let whole = self.history.tokens.len() == have as usize
+            && rows.tokens.len() == rows.shape[0] as usize;
+        match whole {
+            true => self.history.tokens.extend_from_slice(&rows.tokens),
+            false => self.history.tokens.clear(),
+        }
         self.history.shape[0] = have + rows.shape[0];
         Ok(())
     }

@@ -333,6 +333,7 @@ fn a_session_drafts_what_the_assistant_drafts_from_the_target_cache() {
         start,
         width: w,
         data: step.snapshot[start * w..end * w].to_vec(),
+        tokens: Vec::new(),
     };
     session.extend(&rows(0, 5)).unwrap();
     assert!(session.extend(&rows(6, n)).is_err(), "a gap is refused");

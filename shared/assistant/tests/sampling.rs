@@ -61,6 +61,7 @@ fn prefix() -> Prefix {
         start: 0,
         width: spec.row_width(),
         data: step.snapshot,
+        tokens: Vec::new(),
     };
     let mut cache = model.new_cache(64);
     let out = model

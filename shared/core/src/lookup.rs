@@ -1,14 +1,15 @@
-//! Drafting by lookup in a generation's own output (the n-gram "prompt lookup" of vLLM and
-//! SGLang, restricted to what a drafter session sees): when the last few committed tokens
-//! and the anchor occurred earlier in the generation, the tokens that followed them then
-//! are proposed again. Small greedy models fall into loops often, and a loop is drafted
-//! exactly this way, whatever the drafter model.
+//! Drafting by lookup in the context (the n-gram "prompt lookup" of vLLM and SGLang): when
+//! the last few committed tokens and the anchor occurred earlier — in the prompt or in the
+//! generation — the tokens that followed them then are proposed again. Answers that quote
+//! their question, code that repeats its identifiers and the loops small greedy models
+//! fall into are drafted exactly this way, whatever the drafter model.
 //!
-//! A drafter session is told only anchors and positions, not the committed tokens, but it
-//! knows what it drafted: after a round at `position` with anchor `a` and drafts `d`, the
-//! next proposal at `position'` means `a, d[..position' − position − 1]` were committed.
-//! [`History`] rebuilds the generation that way; a gap (plain rounds in between, which the
-//! session never sees) starts it afresh.
+//! Verifiers send the committed token of each snapshot row ([`History::committed`]); the
+//! history is then exact, prompt included. A sender that does not is still followed: a
+//! session knows what it drafted, so after a round at `position` with anchor `a` and drafts
+//! `d`, the next proposal at `position'` means `a, d[..position' − position − 1]` were
+//! committed; [`History`] rebuilds the generation that way, and a gap (plain rounds in
+//! between, which the session never sees) starts it afresh.
 
 /// Shortest repeated run (anchor included) that a lookup trusts.
 pub const MIN_NGRAM: usize = 3;
@@ -19,6 +20,9 @@ pub const MAX_NGRAM: usize = 8;
 #[derive(Debug, Clone, Default)]
 pub struct History {
     tokens: Vec<u32>,
+    /// Whether `tokens` are every committed token from position 0, as sent with the rows
+    /// (else rebuilt from the session's own rounds).
+    exact: bool,
     last: Option<Round>,
 }
 
@@ -30,11 +34,34 @@ struct Round {
 }
 
 impl History {
+    /// Takes in the `rows` positions from `start` that snapshot rows committed, with their
+    /// `tokens` when the sender included them (one per row). Rows without tokens, or out of
+    /// order, leave the history to be rebuilt from the session's rounds.
+    pub fn committed(&mut self, start: usize, rows: usize, tokens: &[u32]) {
+        let follows = start == 0 || (self.exact && start == self.tokens.len());
+        match (tokens.len() == rows && rows > 0, follows) {
+            (true, true) => {
+                self.tokens.truncate(start);
+                self.tokens.extend_from_slice(tokens);
+                self.exact = true;
+            }
+            _ if rows == 0 => {}
+            _ if self.exact => {
+                self.tokens.clear();
+                self.exact = false;
+            }
+            _ => {}
+        }
+    }
+
     /// Takes in what the round before a proposal at `position` committed.
     pub fn observe(&mut self, position: usize) {
         let Some(r) = self.last.take() else {
             return;
         };
+        if self.exact {
+            return;
+        }
         let accepted = position.checked_sub(r.position + 1);
         match accepted {
             Some(k) if k <= r.drafted.len() => {
@@ -54,7 +81,8 @@ impl History {
         });
     }
 
-    /// The tokens known to be committed, oldest first.
+    /// The tokens known to be committed, oldest first (every one from position 0 where the
+    /// rows carried them).
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
     }
@@ -114,6 +142,31 @@ mod tests {
         h.proposed(15, 3, &[4]);
         h.observe(25); // plain rounds in between: what they committed is unknown
         assert!(h.tokens().is_empty());
+    }
+
+    #[test]
+    fn tokens_sent_with_rows_make_the_history_exact_prompt_included() {
+        let mut h = History::default();
+        h.committed(0, 4, &[5, 6, 7, 8]);
+        h.observe(4);
+        h.proposed(4, 9, &[5, 6, 1]);
+        h.committed(4, 3, &[9, 5, 6]); // the anchor and two drafts committed
+        h.observe(7);
+        assert_eq!(h.tokens(), &[5, 6, 7, 8, 9, 5, 6]);
+        // The prompt's run 5, 6, 7 is found with the anchor 7; what followed it is proposed.
+        assert_eq!(h.continuation(7, 3), vec![8, 9, 5]);
+        // Rows without tokens end exactness: the history is rebuilt from rounds again.
+        h.committed(7, 1, &[]);
+        assert!(h.tokens().is_empty());
+        h.proposed(8, 1, &[2]);
+        h.observe(10);
+        assert_eq!(h.tokens(), &[1, 2]);
+        // A gap in exact rows does too; rows from position 0 start it afresh.
+        h.committed(0, 2, &[3, 4]);
+        h.committed(5, 1, &[6]);
+        assert!(h.tokens().is_empty());
+        h.committed(0, 1, &[3]);
+        assert_eq!(h.tokens(), &[3]);
     }
 
     proptest! {

@@ -29,7 +29,7 @@ pub enum DraftSource {
     /// Drafted by the model.
     #[default]
     Model,
-    /// Copied from an earlier run of the generation ([`crate::lookup`]).
+    /// Copied from an earlier run of the context, prompt or output ([`crate::lookup`]).
     Lookup,
 }
 

@@ -107,6 +107,9 @@ pub struct SnapshotRows {
     pub width: usize,
     /// Row-major `rows × width` values.
     pub data: Vec<f32>,
+    /// The committed token of each row's position, where the sender includes them (one per
+    /// row); empty otherwise. Drafters look continuations up in them (the prompt's too).
+    pub tokens: Vec<u32>,
 }
 
 impl SnapshotRows {
@@ -184,6 +187,7 @@ mod tests {
             start: 5,
             width: spec.row_width(),
             data: vec![0.0; 24],
+            tokens: Vec::new(),
         };
         assert_eq!(spec.row_width(), 12);
         assert_eq!(rows.rows(), 2);

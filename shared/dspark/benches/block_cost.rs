@@ -37,7 +37,12 @@ fn rows(start: usize, n: usize, width: usize) -> SnapshotRows {
     let data = (0..n * width)
         .map(|i| ((i * 7919 % 2003) as f32 / 1001.5 - 1.0) * 3.0)
         .collect();
-    SnapshotRows { start, width, data }
+    SnapshotRows {
+        start,
+        width,
+        data,
+        tokens: Vec::new(),
+    }
 }
 
 fn session(p: &DsparkProposer, ctx: usize) -> Box<dyn ProposerSession> {

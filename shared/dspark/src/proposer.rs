@@ -1,11 +1,12 @@
 //! [`DsparkProposer`]: the DSpark drafter (arXiv 2607.05147) behind tandem's `Proposer`
 //! interface. Each session owns a context cache and a seeded sampler whose stream is
 //! derived from the request seed but differs from the verifier's. Unless switched off, a
-//! session first looks the anchor up in the generation's own output
-//! ([`tandem_core::lookup`]): when the last tokens repeat an earlier run, what followed it
-//! is proposed (each token a point mass, so sampled rounds stay exact) and the model is not
-//! run. With a calibration ([`Calibration`]), a session calibrates every block's
-//! confidences for its sampling regime and its source before sending it.
+//! session first looks the anchor up in the context ([`tandem_core::lookup`]: the prompt
+//! and the output, when the verifier sends each row's token; the output it drafted
+//! otherwise): when the last tokens repeat an earlier run, what followed it is proposed
+//! (each token a point mass, so sampled rounds stay exact) and the model is not run. With
+//! a calibration ([`Calibration`]), a session calibrates every block's confidences for its
+//! sampling regime and its source before sending it.
 
 use std::sync::Arc;
 
@@ -234,9 +235,20 @@ impl<D: BlockDrafter> ProposerSession for DsparkSession<D> {
                 D::context_len(&self.cache)
             )));
         }
+        let n = rows.data.len() / width;
+        if !rows.tokens.is_empty() && rows.tokens.len() != n {
+            return Err(ProposeError::Invalid(format!(
+                "{} tokens for {n} snapshot rows",
+                rows.tokens.len()
+            )));
+        }
         self.drafter
             .extend(&mut self.cache, &rows.data)
-            .map_err(to_propose_error)
+            .map_err(to_propose_error)?;
+        if let Some(h) = &mut self.history {
+            h.committed(rows.start, n, &rows.tokens);
+        }
+        Ok(())
     }
 
     fn propose(&mut self, req: &ProposeRequest) -> std::result::Result<DraftBlock, ProposeError> {

@@ -252,6 +252,7 @@ fn a_batched_proposer_drafts_what_the_plain_one_drafts() {
                                 start: round * 2,
                                 width,
                                 data: taps(&mut rng, 2, width),
+                                tokens: Vec::new(),
                             };
                             session.extend(&rows).expect("extend");
                             let req = ProposeRequest {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use candle_core::Device;
 use common::*;
-use tandem_core::DraftBlock;
+use tandem_core::{DraftBlock, DraftSource};
 use tandem_core::{
     ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams, SnapshotRows,
 };
@@ -25,6 +25,7 @@ fn rows(start: usize, n: usize, width: usize, seed: u64) -> SnapshotRows {
         start,
         width,
         data: taps(&mut Lcg::new(seed), n, width),
+        tokens: Vec::new(),
     }
 }
 
@@ -273,4 +274,39 @@ fn a_repeating_generation_is_drafted_by_lookup() {
             false => assert_eq!(looked_up, 0),
         }
     }
+}
+
+/// When the rows carry their tokens, the first proposal already finds a run of the prompt:
+/// the anchor completes `5 6 7`, so what followed it in the prompt is proposed (source
+/// lookup, point masses); without tokens the session knows no prompt and runs the model.
+#[test]
+fn the_prompt_is_looked_up_when_rows_carry_their_tokens() {
+    let p = proposer(tiny_config());
+    let w = p.snapshot_spec().row_width();
+    let prompt = [2u32, 5, 6, 7, 30, 31, 9, 5, 6];
+    for with_tokens in [true, false] {
+        let mut s = p.open(&sampled(5)).expect("open");
+        let mut r = rows(0, prompt.len(), w, 3);
+        if with_tokens {
+            r.tokens = prompt.to_vec();
+        }
+        s.extend(&r).expect("extend");
+        let req = ProposeRequest {
+            anchor: 7,
+            position: prompt.len(),
+            gamma: 4,
+        };
+        let block = s.propose(&req).expect("propose");
+        match with_tokens {
+            true => {
+                assert_eq!(block.source, DraftSource::Lookup);
+                assert_eq!(block.tokens, [30, 31, 9, 5]);
+            }
+            false => assert_eq!(block.source, DraftSource::Model),
+        }
+    }
+    let mut s = p.open(&sampled(5)).expect("open");
+    let mut bad = rows(0, 3, w, 3);
+    bad.tokens = vec![1, 2];
+    assert!(matches!(s.extend(&bad), Err(ProposeError::Invalid(_))));
 }

@@ -43,6 +43,7 @@ fn random_drafter_proposes_on_real_taps() {
         start: 0,
         width: spec.row_width(),
         data: rows.flatten_all().expect("flat").to_vec1().expect("vec"),
+        tokens: Vec::new(),
     })
     .expect("extend");
     let req = ProposeRequest {

@@ -47,7 +47,7 @@ impl Drafting {
                 pending: SnapshotRows {
                     start: 0,
                     width: spec.row_width(),
-                    data: Vec::new(),
+                    ..SnapshotRows::default()
                 },
                 session,
                 spec,
@@ -66,10 +66,11 @@ impl Drafting {
         &self.spec
     }
 
-    /// Queues the first `rows` rows of `snapshot` (rows of the spec, from one forward) as the
-    /// snapshot of positions `pos..pos + rows`, which must follow the rows queued before.
-    pub(crate) fn extend(&mut self, snapshot: &[f32], pos: usize, rows: usize) -> Result<()> {
-        let width = self.spec.row_width();
+    /// Queues the first rows of `snapshot` (rows of the spec, from one forward) as the
+    /// snapshot of the committed `tokens` at positions `pos..pos + tokens.len()`, which must
+    /// follow the rows queued before; the tokens go with them.
+    pub(crate) fn extend(&mut self, snapshot: &[f32], pos: usize, tokens: &[u32]) -> Result<()> {
+        let (width, rows) = (self.spec.row_width(), tokens.len());
         let data = snapshot.get(..rows * width).ok_or_else(|| {
             EngineError::InvalidRequest(format!(
                 "the target returned {} snapshot floats, {rows} rows of {width} needed",
@@ -87,6 +88,7 @@ impl Drafting {
             )));
         }
         pending.data.extend_from_slice(data);
+        pending.tokens.extend_from_slice(tokens);
         Ok(())
     }
 
@@ -96,8 +98,10 @@ impl Drafting {
             return Ok(());
         }
         let rows = SnapshotRows {
+            start: self.pending.start,
+            width: self.pending.width,
             data: std::mem::take(&mut self.pending.data),
-            ..self.pending
+            tokens: std::mem::take(&mut self.pending.tokens),
         };
         self.session.extend(&rows)
     }
@@ -201,8 +205,11 @@ mod tests {
         }
     }
 
-    /// Records the `(start, rows)` of every extend; drafts `gamma` copies of the anchor.
-    struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(usize, usize)>>>);
+    /// What one extend carried: its start, rows and tokens.
+    type Extend = (usize, usize, Vec<u32>);
+
+    /// Records every extend; drafts `gamma` copies of the anchor.
+    struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<Extend>>>);
 
     impl ProposerSession for Recorder {
         fn extend(&mut self, rows: &SnapshotRows) -> std::result::Result<(), ProposeError> {
@@ -210,7 +217,7 @@ mod tests {
                 .0
                 .lock()
                 .map_err(|_| ProposeError::Invalid("lock".into()))?;
-            seen.push((rows.start, rows.rows()));
+            seen.push((rows.start, rows.rows(), rows.tokens.clone()));
             Ok(())
         }
 
@@ -231,17 +238,17 @@ mod tests {
             pending: SnapshotRows {
                 start: 0,
                 width: spec.row_width(),
-                data: Vec::new(),
+                ..SnapshotRows::default()
             },
             spec,
             greedy: true,
         };
-        d.extend(&[0.0; 10], 0, 5)?;
-        d.extend(&[0.0; 6], 5, 1)?;
-        d.extend(&[0.0; 4], 6, 2)?;
-        assert!(d.extend(&[0.0; 2], 9, 1).is_err(), "a gap is refused");
+        d.extend(&[0.0; 10], 0, &[10, 11, 12, 13, 14])?;
+        d.extend(&[0.0; 6], 5, &[15])?;
+        d.extend(&[0.0; 4], 6, &[16, 17])?;
+        assert!(d.extend(&[0.0; 2], 9, &[19]).is_err(), "a gap is refused");
         assert!(
-            d.extend(&[0.0; 2], 8, 2).is_err(),
+            d.extend(&[0.0; 2], 8, &[18, 19]).is_err(),
             "too few floats are refused"
         );
         assert!(
@@ -252,13 +259,13 @@ mod tests {
             .propose(7, 8, 2, 10)
             .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         assert_eq!(drafted.tokens, vec![7, 7]);
-        d.extend(&[0.0; 2], 8, 1)?;
+        d.extend(&[0.0; 2], 8, &[7])?;
         d.propose(7, 9, 1, 10)
             .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         d.propose(7, 9, 1, 10)
             .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
-        assert_eq!(seen, vec![(0, 8), (8, 1)]);
+        assert_eq!(seen, vec![(0, 8, (10..18).collect()), (8, 1, vec![7])]);
         Ok(())
     }
 

@@ -273,7 +273,8 @@ impl<'e> Generation<'e> {
         let t0 = Instant::now();
         let out = self.forward(&self.req.prompt, 0, LogitsMode::Last)?;
         self.timing.prefill_s = t0.elapsed().as_secs_f64();
-        self.send_rows(&out, 0, self.req.prompt.len())?;
+        let req = self.req;
+        self.send_rows(&out, 0, &req.prompt)?;
         // The prompt's rows go now, outside every round's timing: in the first round's
         // drafting time they would make a long prompt look like an expensive drafter.
         if let Some(Err(e)) = self.drafting.as_mut().map(Drafting::flush) {
@@ -317,7 +318,7 @@ impl<'e> Generation<'e> {
         self.cache.truncate(n + verdict.accepted + 1)?;
         let verify_s = t1.elapsed().as_secs_f64();
         let t2 = Instant::now();
-        self.send_rows(&out, n, verdict.accepted + 1)?;
+        self.send_rows(&out, n, &block[..verdict.accepted + 1])?;
         let round = RoundStats {
             drafted: draft.tokens.len(),
             cut: cut.len(),
@@ -431,11 +432,11 @@ impl<'e> Generation<'e> {
         Ok((verdict, expected))
     }
 
-    /// Queues for the proposer the snapshot rows of `rows` newly committed positions from
-    /// `pos` (sent before its next draft).
-    fn send_rows(&mut self, out: &TargetStep, pos: usize, rows: usize) -> Result<()> {
+    /// Queues for the proposer the snapshot rows of the newly committed `tokens` at `pos..`
+    /// (sent before its next draft).
+    fn send_rows(&mut self, out: &TargetStep, pos: usize, tokens: &[u32]) -> Result<()> {
         match &mut self.drafting {
-            Some(d) => d.extend(&out.snapshot, pos, rows),
+            Some(d) => d.extend(&out.snapshot, pos, tokens),
             None => Ok(()),
         }
     }

@@ -114,6 +114,7 @@ pub fn draft_requests() -> Vec<Vec<u8>> {
         start: 0,
         width: spec.row_width(),
         data: tandem_testkit::Lcg::new(1).vec(spec.row_width()),
+        tokens: vec![2],
     };
     let propose = pb::Propose {
         anchor: 818,

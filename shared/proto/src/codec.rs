@@ -189,6 +189,7 @@ pub fn rows_to_pb(rows: &SnapshotRows, dtype: pb::Dtype) -> pb::ContextRows {
         dtype: dtype as i32,
         shape: vec![rows.rows() as u32, rows.width as u32],
         data,
+        tokens: rows.tokens.clone(),
     }
 }
 
@@ -205,16 +206,23 @@ pub fn chunk_rows(
     msg.data
         .chunks(per_chunk * row_bytes)
         .enumerate()
-        .map(move |(i, data)| pb::ContextRows {
-            start: msg.start + (i * per_chunk) as u64,
-            dtype: msg.dtype,
-            shape: vec![(data.len() / row_bytes) as u32, msg.shape[1]],
-            data: data.to_vec(),
+        .map(move |(i, data)| {
+            let (first, n) = (i * per_chunk, data.len() / row_bytes);
+            pb::ContextRows {
+                start: msg.start + first as u64,
+                dtype: msg.dtype,
+                shape: vec![n as u32, msg.shape[1]],
+                data: data.to_vec(),
+                tokens: msg
+                    .tokens
+                    .get(first..first + n)
+                    .map_or_else(Vec::new, <[u32]>::to_vec),
+            }
         })
 }
 
 /// Decodes and checks snapshot rows: the shape must be `[rows, expected_width]`, the bytes
-/// exactly `rows × width × dtype size`, every value finite.
+/// exactly `rows × width × dtype size`, every value finite, and tokens none or one per row.
 pub fn rows_from_pb(
     msg: &pb::ContextRows,
     expected_width: usize,
@@ -266,10 +274,17 @@ pub fn rows_from_pb(
     if data.iter().any(|x| !x.is_finite()) {
         return bad("context rows contain a non-finite value");
     }
+    if !msg.tokens.is_empty() && msg.tokens.len() != rows {
+        return bad(format!(
+            "context rows carry {} tokens for {rows} rows",
+            msg.tokens.len()
+        ));
+    }
     Ok(SnapshotRows {
         start: msg.start as usize,
         width,
         data,
+        tokens: msg.tokens.clone(),
     })
 }
 
@@ -282,6 +297,7 @@ mod tests {
             start: 3,
             width: 4,
             data: vec![1.0, -2.5, 0.125, 3.0, 1e-3, 7.0, -0.0, 65504.0],
+            tokens: vec![7, 262_143],
         }
     }
 
@@ -306,6 +322,7 @@ mod tests {
             assert_eq!(msg.shape, vec![2, 4]);
             let back = rows_from_pb(&msg, 4).expect("decodes");
             assert_eq!(back.start, 3);
+            assert_eq!(back.tokens, [7, 262_143]);
             for (a, b) in back.data.iter().zip(&rows().data) {
                 assert!((a - b).abs() <= b.abs() * 4e-3 + 1e-6, "{dtype:?} {a} {b}");
             }
@@ -329,6 +346,8 @@ mod tests {
         unknown.dtype = 42;
         let mut nan = rows();
         nan.data[0] = f32::NAN;
+        let mut tokens = good.clone();
+        tokens.tokens.pop();
         for (m, w, needle) in [
             (short, 4, "need 16 bytes"),
             (shape, 4, "shape"),
@@ -336,6 +355,7 @@ mod tests {
             (unknown, 4, "dtype"),
             (good, 5, "wide"),
             (rows_to_pb(&nan, pb::Dtype::F32), 4, "non-finite"),
+            (tokens, 4, "1 tokens for 2 rows"),
         ] {
             let e = rows_from_pb(&m, w).expect_err("refused");
             assert!(e.0.contains(needle), "{e}");
@@ -348,21 +368,24 @@ mod tests {
             start: 5,
             width: 3,
             data: (0..30).map(|x| x as f32).collect(),
+            tokens: (100..110).collect(),
         };
         let msg = rows_to_pb(&rows, pb::Dtype::F32);
         for (limit, expected) in [(1 << 20, 1), (36, 4), (24, 5), (1, 10), (12 * 7, 2)] {
             let chunks: Vec<_> = chunk_rows(&msg, limit).collect();
             assert_eq!(chunks.len(), expected, "limit {limit}");
             let mut next = 5;
-            let mut data = Vec::new();
+            let (mut data, mut tokens) = (Vec::new(), Vec::new());
             for c in &chunks {
                 assert!(c.data.len() <= limit.max(12), "limit {limit}");
                 let back = rows_from_pb(c, 3).expect("each chunk decodes");
                 assert_eq!(back.start, next);
                 next += back.rows();
                 data.extend(back.data);
+                tokens.extend(back.tokens);
             }
             assert_eq!(data, rows.data, "limit {limit}");
+            assert_eq!(tokens, rows.tokens, "limit {limit}");
         }
     }
 
