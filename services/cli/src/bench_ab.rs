@@ -27,10 +27,10 @@ pub struct AbArgs {
     /// Drafter B, the candidate: `shipped` or a drafter folder (as `--drafter`).
     #[arg(long)]
     b: String,
-    /// Drafter A drafts with its model alone (no lookup in the generation's output).
+    /// Drafter A drafts with its model alone (no lookup in the context).
     #[arg(long)]
     a_no_lookup: bool,
-    /// Drafter B drafts with its model alone (no lookup in the generation's output).
+    /// Drafter B drafts with its model alone (no lookup in the context).
     #[arg(long)]
     b_no_lookup: bool,
     /// Drafter A sends its raw confidences even if it has a calibration.
@@ -137,6 +137,8 @@ struct AbReport {
 struct Arm {
     proposer: std::sync::Arc<dyn Proposer>,
     verification: Verification,
+    /// Whether its rounds look continuations up in the context.
+    lookup: bool,
 }
 
 /// The two arms, A first.
@@ -266,10 +268,12 @@ fn load_arms(engine: &Engine, a: &AbArgs) -> Result<Arms> {
     Ok(Arms {
         a: Arm {
             proposer: load(&a.a, a.a_no_lookup, a.a_no_calibration)?,
+            lookup: !a.a_no_lookup,
             verification: a.a_verification,
         },
         b: Arm {
             proposer: load(&a.b, a.b_no_lookup, a.b_no_calibration)?,
+            lookup: !a.b_no_lookup,
             verification: a.b_verification,
         },
     })
@@ -290,6 +294,7 @@ fn run_pairs(
         adaptive_gamma: a.adaptive_gamma,
         verification: arm.verification,
         confidence_cuts: !a.no_confidence_cuts,
+        lookup: arm.lookup,
     };
     for arm in [&arms.a, &arms.b] {
         decode_local(

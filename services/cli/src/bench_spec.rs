@@ -383,6 +383,7 @@ fn decode_all(
         adaptive_gamma: a.adaptive_gamma,
         verification: a.verification,
         confidence_cuts: !a.no_confidence_cuts,
+        lookup: !a.drafter.no_lookup,
     };
     let mut tally = Tally::default();
     for prompt in prompts {
@@ -401,6 +402,8 @@ pub(crate) struct Decode {
     pub(crate) adaptive_gamma: bool,
     pub(crate) verification: Verification,
     pub(crate) confidence_cuts: bool,
+    /// Look continuations up in the context before asking the proposer.
+    pub(crate) lookup: bool,
 }
 
 /// One prompt decoded through `Engine::generate` in this process, speculatively when there
@@ -420,6 +423,7 @@ pub(crate) fn decode_local(
         adaptive_gamma: d.adaptive_gamma,
         verification: d.verification,
         confidence_cuts: d.confidence_cuts,
+        lookup: d.lookup,
         ..GenerationRequest::default()
     };
     let proposer = proposer.filter(|_| d.gamma > 0);

@@ -31,8 +31,8 @@ pub struct DrafterArgs {
     /// Seed of a random drafter's weights.
     #[arg(long, default_value_t = 0)]
     pub drafter_seed: u64,
-    /// A DSpark drafter drafts with its model alone, without first looking the anchor up
-    /// in the generation's own output.
+    /// Draft with the model alone, without first looking the anchor up in the context
+    /// (prompt and output): neither a DSpark drafter nor, in process, the round does.
     #[arg(long)]
     pub no_lookup: bool,
     /// Send a DSpark drafter's raw confidences even when it has a calibration

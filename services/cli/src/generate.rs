@@ -93,6 +93,7 @@ impl GenerateArgs {
             adaptive_gamma: self.adaptive_gamma,
             verification: self.verification.unwrap_or_default(),
             confidence_cuts: !self.no_confidence_cuts,
+            lookup: !self.drafter.no_lookup,
             ..GenerationRequest::default()
         };
         self.controls.apply(&mut req);

@@ -67,6 +67,7 @@ pub fn generation_request(
         adaptive_gamma: defaults.adaptive_gamma,
         verification,
         confidence_cuts: r.confidence_cuts.unwrap_or(defaults.confidence_cuts),
+        lookup: true,
     })
 }
 

@@ -5,10 +5,17 @@
 //! Committed rows are held back until the proposer next drafts and then sent in one
 //! `extend` (the prompt's go at once, after the prefill): rounds that do not draft (an
 //! adaptive γ of 0) cost the proposer nothing, and several rounds' rows cost one call.
+//!
+//! Before asking the proposer, a round looks the anchor up in the committed context, prompt
+//! included ([`tandem_core::lookup`]): a continuation found there is verified as the block
+//! (point masses, so sampled rounds stay exact) without a proposal. The draft-length policy
+//! then models the proposer's own drafts, and a lookup is tried whatever length it would
+//! choose — a plain round included.
 
+use tandem_core::lookup::continuation;
 use tandem_core::{
-    DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams,
-    SnapshotRows, SnapshotSpec,
+    DraftBlock, DraftSource, ProposeError, ProposeRequest, Proposer, ProposerSession,
+    SamplingParams, SnapshotRows, SnapshotSpec,
 };
 
 use crate::error::{EngineError, Result};
@@ -17,6 +24,10 @@ use crate::stats::SpecStats;
 
 /// Largest deviation from 1 tolerated in the total of a draft distribution.
 const DIST_TOLERANCE: f32 = 1e-3;
+/// Fewest looked-up tokens worth verifying instead of asking the proposer.
+const MIN_LOOKUP: usize = 2;
+/// Confidence given to a looked-up token (a prior, as the drafters' lookups send).
+const LOOKUP_CONFIDENCE: f32 = 0.8;
 
 /// An open proposer session and what it consumes.
 pub(crate) struct Drafting {
@@ -25,15 +36,19 @@ pub(crate) struct Drafting {
     greedy: bool,
     /// Committed rows the session has not seen yet (contiguous positions).
     pending: SnapshotRows,
+    /// Every committed token, from position 0, when rounds look the context up.
+    context: Option<Vec<u32>>,
 }
 
 impl Drafting {
     /// Opens a session; a proposer that cannot serve, or whose snapshot the target cannot
     /// export, is counted and left out.
+    /// Rounds look the context up first when `lookup` is set.
     pub(crate) fn open(
         proposer: &dyn Proposer,
         target: &dyn Target,
         sampling: &SamplingParams,
+        lookup: bool,
         stats: &mut SpecStats,
     ) -> Option<Self> {
         let spec = proposer.snapshot_spec();
@@ -52,6 +67,7 @@ impl Drafting {
                 session,
                 spec,
                 greedy: sampling.is_greedy(),
+                context: lookup.then(Vec::new),
             }),
             Err(e) => {
                 tracing::warn!("speculation off for this generation: {e}");
@@ -89,7 +105,19 @@ impl Drafting {
         }
         pending.data.extend_from_slice(data);
         pending.tokens.extend_from_slice(tokens);
+        if let Some(c) = &mut self.context {
+            c.extend_from_slice(tokens);
+        }
         Ok(())
+    }
+
+    /// The continuation of `anchor` found in the committed context, at most `max` tokens,
+    /// as a block of point masses; `None` when lookup is off or finds fewer than two.
+    pub(crate) fn look_up(&self, anchor: u32, max: usize) -> Option<DraftBlock> {
+        let found = continuation(self.context.as_ref()?, anchor, max);
+        (found.len() >= MIN_LOOKUP).then(|| {
+            DraftBlock::point_masses(found, LOOKUP_CONFIDENCE).from_source(DraftSource::Lookup)
+        })
     }
 
     /// Sends the queued rows to the session now.
@@ -242,6 +270,7 @@ mod tests {
             },
             spec,
             greedy: true,
+            context: Some(Vec::new()),
         };
         d.extend(&[0.0; 10], 0, &[10, 11, 12, 13, 14])?;
         d.extend(&[0.0; 6], 5, &[15])?;
@@ -266,6 +295,18 @@ mod tests {
             .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
         assert_eq!(seen, vec![(0, 8, (10..18).collect()), (8, 1, vec![7])]);
+        // The committed context is 10..=17, 7: the anchor 12 completes no earlier run of
+        // three, 13 after 11, 12 does.
+        assert!(d.look_up(12, 4).is_none());
+        d.extend(&[0.0; 4], 9, &[11, 12])?;
+        let found = d.look_up(13, 3).expect("a run of the context");
+        assert_eq!(found.tokens, [14, 15, 16]);
+        assert_eq!(found.source, DraftSource::Lookup);
+        assert!(found
+            .dists
+            .iter()
+            .zip(&found.tokens)
+            .all(|(q, t)| q.ids == [*t]));
         Ok(())
     }
 

@@ -189,9 +189,13 @@ impl<'e> Generation<'e> {
         let (req, gamma) = (plan.request(), plan.gamma());
         let mut stats = SpecStats::default();
         let drafting = match proposer {
-            Some(p) if gamma > 0 => {
-                Drafting::open(p, engine.model.as_ref(), &req.sampling, &mut stats)
-            }
+            Some(p) if gamma > 0 => Drafting::open(
+                p,
+                engine.model.as_ref(),
+                &req.sampling,
+                req.lookup,
+                &mut stats,
+            ),
             _ => None,
         };
         let policy = match req.adaptive_gamma && drafting.is_some() {
@@ -261,6 +265,21 @@ impl<'e> Generation<'e> {
         }
     }
 
+    /// The proposer's block after `anchor` at `n`, as long as the policy or the batch's
+    /// scheduler chooses within `room` (none for a plain round).
+    fn propose(
+        &mut self,
+        anchor: u32,
+        n: usize,
+        room: usize,
+    ) -> std::result::Result<DraftBlock, tandem_core::ProposeError> {
+        let gamma = self.choose_gamma().min(room);
+        match (&mut self.drafting, gamma) {
+            (Some(d), 1..) => d.propose(anchor, n, gamma, self.vocab),
+            _ => Ok(DraftBlock::default()),
+        }
+    }
+
     /// Runs `tokens` at `pos`, with the snapshot rows the proposer (if any) consumes.
     fn forward(&mut self, tokens: &[u32], pos: usize, logits: LogitsMode) -> Result<TargetStep> {
         let none = SnapshotSpec::default();
@@ -287,20 +306,24 @@ impl<'e> Generation<'e> {
     /// One round after `anchor`; returns the emitted tokens and the round's figures.
     fn round(&mut self, anchor: u32) -> Result<(Vec<u32>, RoundStats)> {
         let n = self.cache.len();
-        let room = self.cache.max_len() - n - 1;
-        let want = self.choose_gamma();
-        let gamma = want.min(self.output.remaining() - 1).min(room);
+        let room = (self.cache.max_len() - n - 1).min(self.output.remaining() - 1);
         let t0 = Instant::now();
-        let mut draft = match (&mut self.drafting, gamma) {
-            (Some(d), 1..) => d.propose(anchor, n, gamma, self.vocab),
-            _ => Ok(DraftBlock::default()),
+        let looked_up =
+            (self.drafting.as_ref()).and_then(|d| d.look_up(anchor, self.gamma.min(room)));
+        let engine_lookup = looked_up.is_some();
+        let mut draft = match looked_up {
+            Some(block) => Ok(block),
+            None => self.propose(anchor, n, room),
         }
         .unwrap_or_else(|e| {
             self.drop_drafting(&e);
             DraftBlock::default()
         });
         let draft_s = t0.elapsed().as_secs_f64();
-        let cut = self.cut(&mut draft);
+        let cut = match engine_lookup {
+            true => Vec::new(),
+            false => self.cut(&mut draft),
+        };
         let mut block = vec![anchor];
         block.extend_from_slice(&draft.tokens);
         let t1 = Instant::now();
@@ -331,7 +354,8 @@ impl<'e> Generation<'e> {
             verify_s,
         };
         self.stats.record(&round);
-        if let Some(p) = &mut self.policy {
+        // The policy models the proposer's drafts: rounds it did not draft are not its own.
+        if let Some(p) = self.policy.as_mut().filter(|_| !engine_lookup) {
             p.observe(&Observed {
                 verified: round.drafted,
                 accepted: round.accepted,

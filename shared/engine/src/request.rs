@@ -41,6 +41,9 @@ pub struct GenerationRequest {
     pub stop_token_ids: Vec<u32>,
     /// Report each token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
+    /// When speculating, verify a continuation of the anchor found in the committed context
+    /// (prompt included) before asking the proposer.
+    pub lookup: bool,
 }
 
 /// Most stop token ids per request.
@@ -63,6 +66,7 @@ impl Default for GenerationRequest {
             min_tokens: 0,
             stop_token_ids: Vec::new(),
             logprobs: None,
+            lookup: true,
         }
     }
 }
