@@ -23,12 +23,13 @@ const MAX_TOKENS: usize = 32;
 /// Prompts used (the first ones of each set).
 const PROMPTS: usize = 12;
 /// Lowest acceptable mean acceptance length over the first prompts of each set, greedy,
-/// lookup in the generation's output on (the default). Measured 2026-12-04 (Zen 4 class,
-/// `exact`): docs 3.854 over 96 rounds (3.936 before the lookup), chat 1.351 over 268,
-/// prose 1.371 over 264; greedy and batch invariant, so a run is deterministic on one
-/// instruction set; the margins allow for near-ties resolved differently by another
-/// kernel implementation.
-const FLOORS: [(&str, f64); 3] = [("docs", 3.6), ("chat", 1.25), ("prose", 1.25)];
+/// lookup in the context on (the default). Measured 2026-12-05 (Zen 4 class, `exact`), with
+/// each round looking the anchor up in the prompt and the output first: docs 4.089 over 90
+/// rounds, chat 2.531 over 145, prose 1.387 over 261 (2026-12-04, lookup in the output
+/// only: 3.854, 1.351, 1.371); greedy and batch invariant, so a run is deterministic on one
+/// instruction set; the margins allow for near-ties resolved differently by another kernel
+/// implementation.
+const FLOORS: [(&str, f64); 3] = [("docs", 3.8), ("chat", 2.3), ("prose", 1.28)];
 
 /// The docs set: token ids cut from held-out files of the first drafter's corpus.
 fn held_out_prompts() -> Vec<Vec<u32>> {
