@@ -120,9 +120,11 @@ async fn remote_speculation_equals_local_and_plain_with_metrics_that_add_up() {
         "sessions spread over both drafters: {sessions:?}"
     );
     assert_eq!(sessions.iter().sum::<f64>(), PROMPTS.len() as f64);
-    assert_eq!(
-        m1["tandem_drafter_blocks_total"] + m2["tandem_drafter_blocks_total"],
-        drafts as f64
+    // Rounds that found their block in the context asked no drafter.
+    let blocks = m1["tandem_drafter_blocks_total"] + m2["tandem_drafter_blocks_total"];
+    assert!(
+        blocks > 0.0 && blocks <= drafts as f64,
+        "{blocks} blocks, {drafts} drafts"
     );
     assert!(m1["tandem_drafter_snapshot_bytes_total"] > 0.0);
 }

@@ -185,6 +185,9 @@ fn collect(
                 ignore_eos: true,
                 gamma: proposer.max_gamma(),
                 verification: Verification::Token,
+                // Every round goes to the drafter, whose own lookup (unless switched off)
+                // makes the lookup blocks: both sources are fitted from its blocks.
+                lookup: false,
                 ..GenerationRequest::default()
             };
             let mut sink = |u: &Update| {

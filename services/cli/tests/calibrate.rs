@@ -79,7 +79,7 @@ fn calibration_lowers_held_out_error_and_is_used_by_the_drafter() {
         "--prompts",
         prompts,
         "--prompts-per-file",
-        "12",
+        "16",
         "--max-tokens",
         "48",
         "--temperatures",

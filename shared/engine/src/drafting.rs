@@ -10,7 +10,8 @@
 //! included ([`tandem_core::lookup`]): a continuation found there is verified as the block
 //! (point masses, so sampled rounds stay exact) without a proposal. The draft-length policy
 //! then models the proposer's own drafts, and a lookup is tried whatever length it would
-//! choose — a plain round included.
+//! choose — a plain round included. A lookup whose blocks keep being rejected whole sits
+//! out twice as many rounds after each miss (up to 32), until one is accepted.
 
 use tandem_core::lookup::continuation;
 use tandem_core::{
@@ -28,6 +29,8 @@ const DIST_TOLERANCE: f32 = 1e-3;
 const MIN_LOOKUP: usize = 2;
 /// Confidence given to a looked-up token (a prior, as the drafters' lookups send).
 const LOOKUP_CONFIDENCE: f32 = 0.8;
+/// Most rounds a lookup whose blocks keep being rejected sits out.
+const MAX_LOOKUP_BACKOFF: usize = 32;
 
 /// An open proposer session and what it consumes.
 pub(crate) struct Drafting {
@@ -38,6 +41,10 @@ pub(crate) struct Drafting {
     pending: SnapshotRows,
     /// Every committed token, from position 0, when rounds look the context up.
     context: Option<Vec<u32>>,
+    /// Rounds the lookup sits out, and how long the next miss makes it sit out: each
+    /// looked-up block rejected whole doubles the wait, one accepted token ends it.
+    lookup_skip: usize,
+    lookup_backoff: usize,
 }
 
 impl Drafting {
@@ -68,6 +75,8 @@ impl Drafting {
                 spec,
                 greedy: sampling.is_greedy(),
                 context: lookup.then(Vec::new),
+                lookup_skip: 0,
+                lookup_backoff: 1,
             }),
             Err(e) => {
                 tracing::warn!("speculation off for this generation: {e}");
@@ -112,12 +121,29 @@ impl Drafting {
     }
 
     /// The continuation of `anchor` found in the committed context, at most `max` tokens,
-    /// as a block of point masses; `None` when lookup is off or finds fewer than two.
-    pub(crate) fn look_up(&self, anchor: u32, max: usize) -> Option<DraftBlock> {
-        let found = continuation(self.context.as_ref()?, anchor, max);
+    /// as a block of point masses; `None` when lookup is off, sits this round out, or finds
+    /// fewer than two.
+    pub(crate) fn look_up(&mut self, anchor: u32, max: usize) -> Option<DraftBlock> {
+        let context = self.context.as_ref()?;
+        if self.lookup_skip > 0 {
+            self.lookup_skip -= 1;
+            return None;
+        }
+        let found = continuation(context, anchor, max);
         (found.len() >= MIN_LOOKUP).then(|| {
             DraftBlock::point_masses(found, LOOKUP_CONFIDENCE).from_source(DraftSource::Lookup)
         })
+    }
+
+    /// Takes in how many tokens of a looked-up block were accepted.
+    pub(crate) fn looked_up(&mut self, accepted: usize) {
+        match accepted {
+            0 => {
+                self.lookup_skip = self.lookup_backoff;
+                self.lookup_backoff = (2 * self.lookup_backoff).min(MAX_LOOKUP_BACKOFF);
+            }
+            _ => self.lookup_backoff = 1,
+        }
     }
 
     /// Sends the queued rows to the session now.
@@ -271,6 +297,8 @@ mod tests {
             spec,
             greedy: true,
             context: Some(Vec::new()),
+            lookup_skip: 0,
+            lookup_backoff: 1,
         };
         d.extend(&[0.0; 10], 0, &[10, 11, 12, 13, 14])?;
         d.extend(&[0.0; 6], 5, &[15])?;

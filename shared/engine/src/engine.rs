@@ -308,8 +308,8 @@ impl<'e> Generation<'e> {
         let n = self.cache.len();
         let room = (self.cache.max_len() - n - 1).min(self.output.remaining() - 1);
         let t0 = Instant::now();
-        let looked_up =
-            (self.drafting.as_ref()).and_then(|d| d.look_up(anchor, self.gamma.min(room)));
+        let cap = self.gamma.min(room);
+        let looked_up = (self.drafting.as_mut()).and_then(|d| d.look_up(anchor, cap));
         let engine_lookup = looked_up.is_some();
         let mut draft = match looked_up {
             Some(block) => Ok(block),
@@ -340,6 +340,9 @@ impl<'e> Generation<'e> {
         let (verdict, expected) = self.verify(&out, &draft)?;
         self.cache.truncate(n + verdict.accepted + 1)?;
         let verify_s = t1.elapsed().as_secs_f64();
+        if let Some(d) = self.drafting.as_mut().filter(|_| engine_lookup) {
+            d.looked_up(verdict.accepted);
+        }
         let t2 = Instant::now();
         self.send_rows(&out, n, &block[..verdict.accepted + 1])?;
         let round = RoundStats {

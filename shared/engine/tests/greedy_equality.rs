@@ -6,6 +6,7 @@
 mod common;
 
 use common::{generate, reference, request, spec_270m, Oracle, Spoil, PROMPTS};
+use tandem_engine::GenerationRequest;
 
 const NEW_TOKENS: usize = 64;
 
@@ -20,7 +21,12 @@ fn check(spoil: Spoil) {
                 spec: spec_270m(),
                 max_gamma: 8,
             };
-            let (spec, updates) = generate(&request(prompt, NEW_TOKENS, gamma), Some(&oracle));
+            // Every block is the oracle's: a looked-up block is not, and may be rejected.
+            let req = GenerationRequest {
+                lookup: false,
+                ..request(prompt, NEW_TOKENS, gamma)
+            };
+            let (spec, updates) = generate(&req, Some(&oracle));
             assert_eq!(spec.tokens, plain, "{prompt:?} γ={gamma} {spoil:?}");
             assert_eq!(spec.spec.proposer_failures, 0);
             let rounds: Vec<_> = updates

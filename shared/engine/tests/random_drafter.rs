@@ -69,8 +69,11 @@ fn adaptive_gamma_turns_a_useless_drafter_off_and_keeps_the_output() {
     for prompt in &PROMPTS[..4] {
         let reference = reference(prompt, NEW_TOKENS);
         let plain = &reference[reference.len() - NEW_TOKENS..];
+        // The rounds the policy gives the drafter: blocks the round finds in the context
+        // itself (which counting loops like "1, 2, 3, 4," has) are not the drafter's.
         let req = GenerationRequest {
             adaptive_gamma: true,
+            lookup: false,
             ..request(prompt, NEW_TOKENS, 8)
         };
         let (out, updates) = generate(&req, Some(&drafter));
@@ -150,4 +153,31 @@ fn the_next_generation_starts_from_what_the_last_one_learnt() {
         "clones share it"
     );
     assert_eq!(rounds_of(&clone, PROMPTS[2], &drafter)[0].drafted, gamma);
+}
+
+/// With lookup on (the default), the rounds of a counting loop find runs of the context
+/// whose continuations are always wrong (the numbers move on): the lookup backs off, so few
+/// rounds try it, and the output stays plain.
+#[test]
+fn a_lookup_that_keeps_missing_backs_off() {
+    let drafter = random_drafter();
+    let prompt = "1, 2, 3, 4,";
+    let reference = reference(prompt, NEW_TOKENS);
+    let plain = &reference[reference.len() - NEW_TOKENS..];
+    let req = GenerationRequest {
+        adaptive_gamma: true,
+        ..request(prompt, NEW_TOKENS, 8)
+    };
+    let (out, updates) = generate(&req, Some(&drafter));
+    assert_eq!(out.tokens, plain);
+    let rounds: Vec<_> = updates.iter().filter_map(|u| u.round.clone()).collect();
+    let looked_up = rounds
+        .iter()
+        .filter(|r| r.drafted > 0 && r.source == tandem_core::DraftSource::Lookup)
+        .count();
+    assert!(
+        (1..=8).contains(&looked_up),
+        "{looked_up} looked-up rounds of {}",
+        rounds.len()
+    );
 }
