@@ -11,10 +11,16 @@
 //! committed; [`History`] rebuilds the generation that way, and a gap (plain rounds in
 //! between, which the session never sees) starts it afresh.
 
+use crate::proposer::{DraftBlock, DraftSource};
+
 /// Shortest repeated run (anchor included) that a lookup trusts.
 pub const MIN_NGRAM: usize = 3;
 /// Longest run compared.
 pub const MAX_NGRAM: usize = 8;
+/// Fewest looked-up tokens worth verifying instead of drafting.
+pub const MIN_LOOKUP: usize = 2;
+/// Confidence sent with a looked-up token (a prior, not a calibrated estimate).
+pub const LOOKUP_CONFIDENCE: f32 = 0.8;
 
 /// The tokens a drafter session has seen committed, and its last proposal.
 #[derive(Debug, Clone, Default)]
@@ -87,11 +93,20 @@ impl History {
         &self.tokens
     }
 
-    /// Up to `max` tokens that followed the latest earlier occurrence of the longest run
-    /// (at least [`MIN_NGRAM`], at most [`MAX_NGRAM`] tokens) ending with `anchor`.
-    pub fn continuation(&self, anchor: u32, max: usize) -> Vec<u32> {
-        continuation(&self.tokens, anchor, max)
+    /// The [`proposal`] of `anchor` in the tokens known to be committed.
+    pub fn proposal(&self, anchor: u32, max: usize) -> Option<DraftBlock> {
+        proposal(&self.tokens, anchor, max)
     }
+}
+
+/// The [`continuation`] of `anchor` in `seen`, at most `max` tokens, as a block of point
+/// masses (so sampled rounds stay exact) from the lookup; `None` when it is shorter than
+/// [`MIN_LOOKUP`].
+pub fn proposal(seen: &[u32], anchor: u32, max: usize) -> Option<DraftBlock> {
+    let found = continuation(seen, anchor, max);
+    (found.len() >= MIN_LOOKUP).then(|| {
+        DraftBlock::point_masses(found, LOOKUP_CONFIDENCE).from_source(DraftSource::Lookup)
+    })
 }
 
 /// Up to `max` tokens that followed the latest earlier occurrence in `seen` of the longest
@@ -154,7 +169,18 @@ mod tests {
         h.observe(7);
         assert_eq!(h.tokens(), &[5, 6, 7, 8, 9, 5, 6]);
         // The prompt's run 5, 6, 7 is found with the anchor 7; what followed it is proposed.
-        assert_eq!(h.continuation(7, 3), vec![8, 9, 5]);
+        let block = h.proposal(7, 3).expect("a run of the prompt");
+        assert_eq!(block.tokens, [8, 9, 5]);
+        assert_eq!(block.source, DraftSource::Lookup);
+        assert!(block
+            .dists
+            .iter()
+            .zip(&block.tokens)
+            .all(|(q, t)| q.ids == [*t]));
+        assert!(
+            h.proposal(7, 1).is_none(),
+            "one token is not worth a lookup"
+        );
         // Rows without tokens end exactness: the history is rebuilt from rounds again.
         h.committed(7, 1, &[]);
         assert!(h.tokens().is_empty());

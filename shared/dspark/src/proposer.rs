@@ -16,8 +16,8 @@ use tandem_core::batching::StepObserver;
 use tandem_core::calibration::{Calibration, Regime};
 use tandem_core::lookup::History;
 use tandem_core::{
-    DraftBlock, DraftSource, ProposeError, ProposeRequest, Proposer, ProposerSession, Sampler,
-    SamplingParams, SnapshotRows, SnapshotSpec,
+    DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, Sampler, SamplingParams,
+    SnapshotRows, SnapshotSpec,
 };
 use tandem_gemma::TargetHead;
 
@@ -29,10 +29,6 @@ use crate::model::Dspark;
 
 /// XORed into the request seed so the drafter's key stream is not the verifier's.
 const DRAFT_SEED_MIX: u64 = 0xD5FA_4C0D_E5EE_D001;
-/// Fewest looked-up tokens worth proposing instead of running the model.
-const MIN_LOOKUP: usize = 2;
-/// Confidence sent with a looked-up token (a prior, not a calibrated estimate).
-const LOOKUP_CONFIDENCE: f32 = 0.8;
 
 /// What a DSpark proposer drafts with: the host [`Drafter`] or a [`DeviceDrafter`], each
 /// with its own per-session context.
@@ -262,15 +258,10 @@ impl<D: BlockDrafter> ProposerSession for DsparkSession<D> {
         if let Some(h) = &mut self.history {
             h.observe(req.position);
         }
-        let found = match &self.history {
-            Some(h) => h.continuation(req.anchor, req.gamma),
-            None => Vec::new(),
-        };
-        let mut block = match found.len() >= MIN_LOOKUP {
-            true => {
-                DraftBlock::point_masses(found, LOOKUP_CONFIDENCE).from_source(DraftSource::Lookup)
-            }
-            false => {
+        let looked_up = (self.history.as_ref()).and_then(|h| h.proposal(req.anchor, req.gamma));
+        let mut block = match looked_up {
+            Some(block) => block,
+            None => {
                 let draft = DraftRequest {
                     anchor: req.anchor,
                     gamma: req.gamma,

@@ -13,10 +13,10 @@
 //! choose — a plain round included. A lookup whose blocks keep being rejected whole sits
 //! out twice as many rounds after each miss (up to 32), until one is accepted.
 
-use tandem_core::lookup::continuation;
+use tandem_core::lookup::proposal;
 use tandem_core::{
-    DraftBlock, DraftSource, ProposeError, ProposeRequest, Proposer, ProposerSession,
-    SamplingParams, SnapshotRows, SnapshotSpec,
+    DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams,
+    SnapshotRows, SnapshotSpec,
 };
 
 use crate::error::{EngineError, Result};
@@ -25,10 +25,6 @@ use crate::stats::SpecStats;
 
 /// Largest deviation from 1 tolerated in the total of a draft distribution.
 const DIST_TOLERANCE: f32 = 1e-3;
-/// Fewest looked-up tokens worth verifying instead of asking the proposer.
-const MIN_LOOKUP: usize = 2;
-/// Confidence given to a looked-up token (a prior, as the drafters' lookups send).
-const LOOKUP_CONFIDENCE: f32 = 0.8;
 /// Most rounds a lookup whose blocks keep being rejected sits out.
 const MAX_LOOKUP_BACKOFF: usize = 32;
 
@@ -129,10 +125,7 @@ impl Drafting {
             self.lookup_skip -= 1;
             return None;
         }
-        let found = continuation(context, anchor, max);
-        (found.len() >= MIN_LOOKUP).then(|| {
-            DraftBlock::point_masses(found, LOOKUP_CONFIDENCE).from_source(DraftSource::Lookup)
-        })
+        proposal(context, anchor, max)
     }
 
     /// Takes in how many tokens of a looked-up block were accepted.
@@ -329,7 +322,7 @@ mod tests {
         d.extend(&[0.0; 4], 9, &[11, 12])?;
         let found = d.look_up(13, 3).expect("a run of the context");
         assert_eq!(found.tokens, [14, 15, 16]);
-        assert_eq!(found.source, DraftSource::Lookup);
+        assert_eq!(found.source, tandem_core::DraftSource::Lookup);
         assert!(found
             .dists
             .iter()
