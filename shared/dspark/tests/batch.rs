@@ -14,7 +14,7 @@ use tandem_core::batching::{StepObserver, StepReport};
 use tandem_core::{DraftBlock, ProposeRequest, Proposer, Sampler, SamplingParams, SnapshotRows};
 use tandem_dspark::{
     ContextCache, DraftBatching, DraftJob, DraftRequest, Drafter, DsparkConfig, DsparkError,
-    DsparkProposer,
+    DsparkProposer, TargetDims,
 };
 use tandem_gemma::TargetHead;
 use tandem_testkit::{bits, real_gguf, Lcg};
@@ -192,16 +192,7 @@ fn an_invalid_request_fails_alone() {
 #[test]
 fn batched_blocks_equal_blocks_drafted_alone_on_the_real_head() {
     let head = TargetHead::load(&real_gguf()).expect("real head");
-    let cfg = DsparkConfig {
-        gamma: 8,
-        d_draft: 256,
-        n_layers: 2,
-        n_heads: 8,
-        markov_rank: 64,
-        ff_mult: 2,
-        tap_layers: vec![5, 11, 17, 18],
-        draft_vocab: Some((0..32_768).collect()),
-    };
+    let cfg = DsparkConfig::small(&TargetDims::of(&head));
     let d = busy_drafter(cfg, &head, 9).drafter(&head).expect("drafter");
     let mut rng = Lcg::new(11);
     let cases = cases(&d, &mut rng, 4, 32_768, 8);

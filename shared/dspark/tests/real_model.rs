@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 use tandem_core::{ProposeRequest, Proposer, SamplingParams, SnapshotRows};
-use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer};
+use tandem_dspark::{Dspark, DsparkConfig, DsparkProposer, TargetDims};
 use tandem_gemma::{ForwardOptions, Gemma3, LogitsMode};
 use tandem_testkit::real_gguf;
 
@@ -14,16 +14,7 @@ use tandem_testkit::real_gguf;
 fn random_drafter_proposes_on_real_taps() {
     let target = Gemma3::load(&real_gguf()).expect("load the real GGUF");
     let head = target.head();
-    let cfg = DsparkConfig {
-        gamma: 8,
-        d_draft: 256,
-        n_layers: 2,
-        n_heads: 8,
-        markov_rank: 64,
-        ff_mult: 2,
-        tap_layers: vec![5, 11, 17, 18],
-        draft_vocab: Some((0..32_768).collect()),
-    };
+    let cfg = DsparkConfig::small(&TargetDims::of(&head));
     let model = Arc::new(Dspark::init(cfg, &head, 1).expect("init"));
     let proposer = DsparkProposer::new(Arc::clone(&model), &head).expect("proposer");
     let tokens: Vec<u32> = (0..20).map(|i| 2 + i * 97).collect();
