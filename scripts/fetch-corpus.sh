@@ -14,7 +14,8 @@
 #   DEST/train/<kind>/ training text: .txt documents and .jsonl prompt files, made by
 #                      scripts/corpus/build.py (kinds: prose chat instructions questions
 #                      math code docs; docs come from this machine's Python standard
-#                      library and Rust book, as the first drafter's corpus did)
+#                      library, Rust HTML books and crate sources, the shipped
+#                      drafter's own sources)
 #   DEST/MANIFEST.txt  packages, versions, sha256, bytes per kind
 # The evaluation sets under drafters/eval/ are built from the same downloads by
 # scripts/corpus/eval_sets.py; their packages are never read by the training build.

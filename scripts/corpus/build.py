@@ -16,10 +16,12 @@ receives text documents (.txt, cut into 64-token prompts by the trainer) and pro
   math          gsm_symbolic templates 0-79 (reasoning-gym): worked problems and questions
   code          reasoning-gym codeio Python programs with their task text, lodash and
                 express JavaScript sources, code requests in chat forms
-  docs          a share of the shipped drafter's own corpus (this machine's Python standard
-                library and the Rust book), its held-out files left out by the rule it was
-                split with (FNV-1a of "corpus/python/<path>" or "corpus/rustdoc/<path>"
-                modulo 100 below 10), so the docs prompts stay held out
+  docs          the shipped drafter's own sources on this machine (the Python standard
+                library, the Rust toolchain's HTML books and references, the crate sources
+                in cargo's registry), about a third of the prompts; its held-out files are
+                left out by the rule it was split with (FNV-1a of "corpus/<name>/<path>",
+                name python, rustdoc or crates, modulo 100 below 10), so the docs prompts
+                stay held out
 
 Kept out for evaluation (never written here): State of the Union speeches from 2001 on,
 gsm_symbolic templates 80-99, MT-Bench, IFBench and HumanEval (not fetched for training).
@@ -254,22 +256,43 @@ def fnv1a(text):
     return h
 
 
-def docs(out, rng):
+# The shipped drafter's three sources, as its corpus named them (corpus/<name>/<path below
+# the root>), with the file count taken from each: about a third of the training prompts.
+DOCS_SOURCES = [
+    ("python", "stdlib", "*.py", 1200),
+    ("rustdoc", "rust-html", "*.html", 1300),
+    ("crates", "cargo-registry", "*.rs", 1500),
+]
+# The Rust books it read (not the API pages).
+RUST_BOOKS = {"book", "reference", "rust-by-example", "nomicon", "cargo"}
+MAX_DOC_BYTES = 200_000
+
+
+def docs_roots():
     import sysconfig
 
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
     rust = sorted(Path.home().glob(".rustup/toolchains/*/share/doc/rust/html"))[-1:]
-    sources = [("python", stdlib, "*.py", 500)] + [("rustdoc", r, "book/*.html", 200) for r in rust]
-    for name, root, pattern, cap in sources:
-        files = [p for p in sorted(root.rglob(pattern))
-                 if "test" not in p.parts and "idlelib" not in p.parts and "site-packages" not in p.parts]
-        rel = [p.relative_to(root) for p in files]
-        kept = [(p, r) for p, r in zip(files, rel) if fnv1a(f"corpus/{name}/{r}") % 100 >= 10]
-        rng.shuffle(kept)
-        for p, r in kept[:cap]:
-            dst = out / "docs" / name / r
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_text(p.read_text(errors="replace")[: KEEP_CHARS * 3], encoding="utf-8")
+    crates = sorted(Path.home().glob(".cargo/registry/src/index.crates.io-*"))[-1:]
+    return {"stdlib": [Path(sysconfig.get_paths()["stdlib"])], "rust-html": rust, "cargo-registry": crates}
+
+
+def docs(out, rng):
+    roots = docs_roots()
+    for name, root_kind, pattern, cap in DOCS_SOURCES:
+        for root in roots[root_kind]:
+            files = [p for p in sorted(root.rglob(pattern))
+                     if "test" not in p.parts and "tests" not in p.parts
+                     and "idlelib" not in p.parts and "site-packages" not in p.parts
+                     and p.stat().st_size < MAX_DOC_BYTES]
+            rel = [p.relative_to(root) for p in files]
+            if name == "rustdoc":
+                files, rel = zip(*[(p, r) for p, r in zip(files, rel) if r.parts[0] in RUST_BOOKS])
+            kept = [(p, r) for p, r in zip(files, rel) if fnv1a(f"corpus/{name}/{r}") % 100 >= 10]
+            rng.shuffle(kept)
+            for p, r in kept[:cap]:
+                dst = out / "docs" / name / r
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_text(p.read_text(errors="replace")[: KEEP_CHARS * 3], encoding="utf-8")
 
 
 def main():

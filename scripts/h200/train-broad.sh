@@ -3,13 +3,14 @@
 # most ten minutes; the machine keeps /tmp while calls follow each other). Files travel in
 # folders under .dev/ (ignored by git), one carried per call: tandem-cuda.xz
 # (scripts/build-cuda.sh), tokenizer.json.xz, corpus.tar.xz (scripts/fetch-corpus.sh's
-# train/ folder), shipped.tar (the shipped drafter) and the GGUF in parts gguf.partNN.
+# train/ folder), shipped.tar (the shipped drafter; without it the repository's copy) and the GGUF in parts gguf.partNN.
 #
 #   train-broad.sh stage DIR    unpack what DIR holds into /tmp/w (parts are appended)
 #   train-broad.sh start        check the GGUF, then in the background: run A (the shipped
 #                               drafter moved to this corpus's draft vocabulary and trained
-#                               on), which makes every sample first; once they are stored,
-#                               run B (a wider, deeper drafter from scratch) beside it
+#                               on), which makes every sample first; with SHAPE_RUN=1, once
+#                               they are stored, run B (a wider, deeper drafter from scratch)
+#                               beside it (each then trains at about half the pace)
 #   train-broad.sh wait SECS    wait up to SECS while the runs go on; print their logs' ends
 #   train-broad.sh collect      copy the drafters and logs to $OUT
 set -euo pipefail
@@ -39,6 +40,7 @@ stage)
       *shipped.tar) tar -xf "$f" -C "$W" && mv "$W/gemma-3-270m-dspark" "$W/shipped" ;;
     esac
   done
+  [ -d "$W/shipped" ] || cp -r drafters/gemma-3-270m-dspark "$W/shipped"
   ls -l "$W" "$W/models/gemma-3-270m"
   ;;
 start)
@@ -49,6 +51,7 @@ start)
   setsid nohup bash -c "
     ./tandem train-drafter $(data_flags) --out $W/a --init-from $W/shipped --rebuild-vocab \
       --steps $STEPS --lr 1.5e-3 > $W/a.log 2>&1 &
+    [ \"${SHAPE_RUN:-0}\" = 1 ] || exit 0
     until grep -q 'draft vocabulary of' $W/a.log 2>/dev/null; do sleep 5; done
     ./tandem train-drafter $(data_flags) --out $W/b --d-draft 384 --layers 3 --heads 6 \
       --markov-rank 64 --draft-vocab-size 32768 --steps $STEPS --lr 2e-3 > $W/b.log 2>&1 &
@@ -58,11 +61,12 @@ start)
 wait)
   end=$((SECONDS + ${2:-500}))
   while [ $SECONDS -lt $end ] && pgrep -f "tandem train-drafter" > /dev/null; do sleep 10; done
-  for r in a b; do echo "== $r"; grep -E "eval|samples|vocabulary|error|Error" "$W/$r.log" | tail -8; tail -2 "$W/$r.log"; done
+  for r in a b; do [ -f "$W/$r.log" ] || continue; echo "== $r"; grep -E "eval|samples|vocabulary|error|Error" "$W/$r.log" | tail -8; tail -2 "$W/$r.log"; done
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv
   ;;
 collect)
   for r in a b; do
+    [ -d "$W/$r" ] || continue
     mkdir -p "$OUT/$r"
     cp "$W/$r.log" "$OUT/$r/" 2>/dev/null || true
     cp "$W/$r"/dspark.json "$W/$r"/model*.safetensors* "$OUT/$r/" 2>/dev/null || true
