@@ -12,21 +12,30 @@
 //! then models the proposer's own drafts, and a lookup is tried whatever length it would
 //! choose — a plain round included. A lookup whose blocks keep being rejected whole sits
 //! out twice as many rounds after each miss (up to 32), until one is accepted.
+//!
+//! An adaptive generation that shares batched steps with others schedules its lookup like
+//! a draft: the survival its looked-up tokens have shown so far goes to the batch's
+//! scheduler, whose length it verifies (none: the round asks the proposer), with a
+//! one-token probe now and then as the policy's plain rounds have. Rows the batch cannot
+//! pay for are not spent on lookups, as they are not on drafts.
 
 use tandem_core::lookup::proposal;
 use tandem_core::{
-    DraftBlock, ProposeError, ProposeRequest, Proposer, ProposerSession, SamplingParams,
-    SnapshotRows, SnapshotSpec,
+    DraftBlock, GammaPolicy, GammaPolicyConfig, ProposeError, ProposeRequest, Proposer,
+    ProposerSession, SamplingParams, SnapshotRows, SnapshotSpec,
 };
 
 use crate::error::{EngineError, Result};
 use crate::models::Target;
+use crate::schedule::Seat;
 use crate::stats::SpecStats;
 
 /// Largest deviation from 1 tolerated in the total of a draft distribution.
 const DIST_TOLERANCE: f32 = 1e-3;
 /// Most rounds a lookup whose blocks keep being rejected sits out.
 const MAX_LOOKUP_BACKOFF: usize = 32;
+/// Most looked-up positions whose acceptance is tracked for the batch's scheduler.
+const MAX_LOOKUP: usize = 32;
 
 /// An open proposer session and what it consumes.
 pub(crate) struct Drafting {
@@ -41,6 +50,9 @@ pub(crate) struct Drafting {
     /// looked-up block rejected whole doubles the wait, one accepted token ends it.
     lookup_skip: usize,
     lookup_backoff: usize,
+    /// Acceptance of the looked-up tokens by position, and the lookups the batch's
+    /// scheduler turned down (the counts of a draft-length policy, its timings unused).
+    lookup_rates: GammaPolicy,
 }
 
 impl Drafting {
@@ -73,6 +85,7 @@ impl Drafting {
                 context: lookup.then(Vec::new),
                 lookup_skip: 0,
                 lookup_backoff: 1,
+                lookup_rates: lookup_rates(),
             }),
             Err(e) => {
                 tracing::warn!("speculation off for this generation: {e}");
@@ -116,20 +129,48 @@ impl Drafting {
         Ok(())
     }
 
-    /// The continuation of `anchor` found in the committed context, at most `max` tokens,
-    /// as a block of point masses; `None` when lookup is off, sits this round out, or finds
-    /// fewer than two.
-    pub(crate) fn look_up(&mut self, anchor: u32, max: usize) -> Option<DraftBlock> {
+    /// The continuation of `anchor` found in the committed context, at most `max` tokens
+    /// and, with the `seat` of an adaptive generation, as many as the batch's scheduler
+    /// gives it, as a block of point masses; `None` when lookup is off, sits this round
+    /// out, finds fewer than two, or gets none.
+    pub(crate) fn look_up(
+        &mut self,
+        anchor: u32,
+        max: usize,
+        seat: Option<&Seat<'_>>,
+    ) -> Option<DraftBlock> {
         let context = self.context.as_ref()?;
         if self.lookup_skip > 0 {
             self.lookup_skip -= 1;
             return None;
         }
-        proposal(context, anchor, max)
+        let mut block = proposal(context, anchor, max)?;
+        if let Some(keep) = seat.and_then(|s| self.scheduled(s, block.tokens.len())) {
+            if keep == 0 {
+                self.lookup_rates.record(0, 0, 0.0, 0.0);
+                return None;
+            }
+            block.tokens.truncate(keep);
+            block.dists.truncate(keep);
+            block.confidences.truncate(keep);
+        }
+        Some(block)
     }
 
-    /// Takes in how many tokens of a looked-up block were accepted.
-    pub(crate) fn looked_up(&mut self, accepted: usize) {
+    /// How many of `found` looked-up tokens the batch's scheduler gives this generation;
+    /// `None` when it is alone.
+    fn scheduled(&self, seat: &Seat<'_>, found: usize) -> Option<usize> {
+        let mut survival = self.lookup_rates.survival();
+        survival.truncate(found);
+        match seat.schedule(survival, 0.0)? {
+            (0, sessions) if self.lookup_rates.probe_due(sessions) => Some(1),
+            (length, _) => Some(length),
+        }
+    }
+
+    /// Takes in how many tokens of a looked-up block of `verified` were accepted.
+    pub(crate) fn looked_up(&mut self, verified: usize, accepted: usize) {
+        self.lookup_rates.record(verified, accepted, 0.0, 0.0);
         match accepted {
             0 => {
                 self.lookup_skip = self.lookup_backoff;
@@ -172,6 +213,12 @@ impl Drafting {
         check_block(&block, gamma, vocab, self.greedy)?;
         Ok(block)
     }
+}
+
+/// The counts a generation keeps of its looked-up tokens.
+fn lookup_rates() -> GammaPolicy {
+    GammaPolicy::new(GammaPolicyConfig::new(MAX_LOOKUP))
+        .expect("the default configuration is valid")
 }
 
 /// A block the round can use: at most `gamma` in-vocabulary tokens, and when sampling, one
@@ -276,12 +323,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn committed_rows_reach_the_session_in_one_call_before_a_draft() -> Result<()> {
-        let seen = std::sync::Arc::default();
+    /// A session on a [`Recorder`] of what `seen` gets, rounds looking the context up.
+    fn recording(seen: &std::sync::Arc<std::sync::Mutex<Vec<Extend>>>) -> Drafting {
         let spec = SnapshotSpec::taps(&[0], 2);
-        let mut d = Drafting {
-            session: Box::new(Recorder(std::sync::Arc::clone(&seen))),
+        Drafting {
+            session: Box::new(Recorder(std::sync::Arc::clone(seen))),
             pending: SnapshotRows {
                 start: 0,
                 width: spec.row_width(),
@@ -292,7 +338,14 @@ mod tests {
             context: Some(Vec::new()),
             lookup_skip: 0,
             lookup_backoff: 1,
-        };
+            lookup_rates: lookup_rates(),
+        }
+    }
+
+    #[test]
+    fn committed_rows_reach_the_session_in_one_call_before_a_draft() -> Result<()> {
+        let seen = std::sync::Arc::default();
+        let mut d = recording(&seen);
         d.extend(&[0.0; 10], 0, &[10, 11, 12, 13, 14])?;
         d.extend(&[0.0; 6], 5, &[15])?;
         d.extend(&[0.0; 4], 6, &[16, 17])?;
@@ -318,9 +371,9 @@ mod tests {
         assert_eq!(seen, vec![(0, 8, (10..18).collect()), (8, 1, vec![7])]);
         // The committed context is 10..=17, 7: the anchor 12 completes no earlier run of
         // three, 13 after 11, 12 does.
-        assert!(d.look_up(12, 4).is_none());
+        assert!(d.look_up(12, 4, None).is_none());
         d.extend(&[0.0; 4], 9, &[11, 12])?;
-        let found = d.look_up(13, 3).expect("a run of the context");
+        let found = d.look_up(13, 3, None).expect("a run of the context");
         assert_eq!(found.tokens, [14, 15, 16]);
         assert_eq!(found.source, tandem_core::DraftSource::Lookup);
         assert!(found
@@ -328,6 +381,54 @@ mod tests {
             .iter()
             .zip(&found.tokens)
             .all(|(q, t)| q.ids == [*t]));
+        Ok(())
+    }
+
+    /// Beside others in a batch, a lookup gets the length the scheduler gives its survival:
+    /// longer as it is accepted, none once it keeps missing (the round
+    /// asks the proposer) except a one-token probe now and then; alone it is not asked.
+    #[test]
+    fn a_lookup_in_a_shared_batch_is_scheduled() -> Result<()> {
+        let points: Vec<(usize, f64)> = [1, 8, 64]
+            .iter()
+            .map(|r| (*r, 0.010 + 0.005 * *r as f64))
+            .collect();
+        let costs = tandem_core::StepCosts::new(&points).expect("step costs");
+        let scheduler = crate::DraftScheduler::new(costs);
+        let (seat, _other) = (scheduler.seat(), scheduler.seat());
+        let mut d = recording(&std::sync::Arc::default());
+        let run = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2];
+        d.extend(&[0.0; 22], 0, &run)?;
+        let mut lengths = Vec::new();
+        for _ in 0..20 {
+            let block = d
+                .look_up(3, 6, Some(&seat))
+                .expect("a lookup that pays is kept");
+            assert!([4, 5, 6, 7, 8, 9].starts_with(&block.tokens));
+            d.looked_up(block.tokens.len(), block.tokens.len());
+            lengths.push(block.tokens.len());
+        }
+        assert!(lengths.windows(2).all(|w| w[0] <= w[1]), "{lengths:?}");
+        assert_eq!(lengths.last(), Some(&6), "{lengths:?}");
+        let mut d = recording(&std::sync::Arc::default());
+        d.extend(&[0.0; 22], 0, &run)?;
+        let mut lengths = Vec::new();
+        for _ in 0..80 {
+            let n = d.look_up(3, 6, Some(&seat)).map_or(0, |b| b.tokens.len());
+            d.lookup_skip = 0;
+            if n > 0 {
+                d.looked_up(n, 0);
+            }
+            lengths.push(n);
+        }
+        let probes = lengths.iter().skip(10).filter(|n| **n > 0).count();
+        assert!(lengths.iter().skip(10).all(|n| *n <= 1), "{lengths:?}");
+        assert!((1..=8).contains(&probes), "{lengths:?}");
+        drop(_other);
+        assert_eq!(
+            d.look_up(3, 6, Some(&seat)).map(|b| b.tokens.len()),
+            Some(6)
+        );
         Ok(())
     }
 

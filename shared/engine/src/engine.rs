@@ -309,7 +309,9 @@ impl<'e> Generation<'e> {
         let room = (self.cache.max_len() - n - 1).min(self.output.remaining() - 1);
         let t0 = Instant::now();
         let cap = self.gamma.min(room);
-        let looked_up = (self.drafting.as_mut()).and_then(|d| d.look_up(anchor, cap));
+        // An adaptive generation's lookup is scheduled with the batch's drafts.
+        let seat = self.policy.as_ref().and(self.seat.as_ref());
+        let looked_up = (self.drafting.as_mut()).and_then(|d| d.look_up(anchor, cap, seat));
         let engine_lookup = looked_up.is_some();
         let mut draft = match looked_up {
             Some(block) => Ok(block),
@@ -341,7 +343,7 @@ impl<'e> Generation<'e> {
         self.cache.truncate(n + verdict.accepted + 1)?;
         let verify_s = t1.elapsed().as_secs_f64();
         if let Some(d) = self.drafting.as_mut().filter(|_| engine_lookup) {
-            d.looked_up(verdict.accepted);
+            d.looked_up(draft.tokens.len(), verdict.accepted);
         }
         let t2 = Instant::now();
         self.send_rows(&out, n, &block[..verdict.accepted + 1])?;
