@@ -86,7 +86,7 @@ impl Default for VerifierSettings {
             verification: Verification::default(),
             confidence_cuts: true,
             default_max_tokens: 256,
-            max_concurrent: 4,
+            max_concurrent: 16,
             kv_cache_bytes: 4 << 30,
             drafters: Vec::new(),
             drafter_refresh: Some(Duration::from_secs(10)),
