@@ -85,6 +85,14 @@ impl DraftBlock {
     pub fn from_source(self, source: DraftSource) -> Self {
         Self { source, ..self }
     }
+
+    /// Keeps the first `keep` tokens (with their distributions and confidences) and returns
+    /// the confidences of the tokens cut.
+    pub fn cut(&mut self, keep: usize) -> Vec<f32> {
+        self.tokens.truncate(keep);
+        self.dists.truncate(keep);
+        self.confidences.split_off(keep.min(self.confidences.len()))
+    }
 }
 
 /// Why a proposer could not serve a call. Messages are one line, for users.

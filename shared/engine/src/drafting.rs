@@ -150,9 +150,7 @@ impl Drafting {
                 self.lookup_rates.record(0, 0, 0.0, 0.0);
                 return None;
             }
-            block.tokens.truncate(keep);
-            block.dists.truncate(keep);
-            block.confidences.truncate(keep);
+            block.cut(keep);
         }
         Some(block)
     }

@@ -383,9 +383,7 @@ impl<'e> Generation<'e> {
         };
         let fixed = 1.0 + policy.draft_cost();
         let keep = cut_length(&draft.confidences, fixed, policy.verify_slope());
-        draft.tokens.truncate(keep);
-        draft.dists.truncate(keep);
-        draft.confidences.split_off(keep)
+        draft.cut(keep)
     }
 
     /// Accepts a prefix of `draft` against the target logits of `out` and chooses the next
