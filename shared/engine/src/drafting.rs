@@ -17,8 +17,13 @@
 //! a draft: the survival its looked-up tokens have shown so far goes to the batch's
 //! scheduler, whose length it verifies (none: the round asks the proposer), with a
 //! one-token probe now and then as the policy's plain rounds have. Rows the batch cannot
-//! pay for are not spent on lookups, as they are not on drafts.
+//! pay for are not spent on lookups, as they are not on drafts. A sampled adaptive
+//! generation alone prices its lookups the same way against its own verify cost
+//! ([`cut_length`]): a looked-up token is accepted with the target's probability of it, so
+//! past the first few they rarely pay for their rows. Greedy lookups alone stay whole
+//! (loops a greedy target falls into are continued exactly).
 
+use tandem_core::cut::cut_length;
 use tandem_core::lookup::proposal;
 use tandem_core::{
     DraftBlock, GammaPolicy, GammaPolicyConfig, ProposeError, ProposeRequest, Proposer,
@@ -129,15 +134,16 @@ impl Drafting {
         Ok(())
     }
 
-    /// The continuation of `anchor` found in the committed context, at most `max` tokens
-    /// and, with the `seat` of an adaptive generation, as many as the batch's scheduler
-    /// gives it, as a block of point masses; `None` when lookup is off, sits this round
-    /// out, finds fewer than two, or gets none.
+    /// The continuation of `anchor` found in the committed context, at most `max` tokens,
+    /// as a block of point masses, sized for an adaptive generation (`adaptive`): as the
+    /// batch's scheduler gives it beside others, priced against the verify cost alone
+    /// when sampled; `None` when lookup is off, sits this round out, finds fewer than two,
+    /// or gets none.
     pub(crate) fn look_up(
         &mut self,
         anchor: u32,
         max: usize,
-        seat: Option<&Seat<'_>>,
+        adaptive: Option<Adaptive<'_, '_>>,
     ) -> Option<DraftBlock> {
         let context = self.context.as_ref()?;
         if self.lookup_skip > 0 {
@@ -145,7 +151,7 @@ impl Drafting {
             return None;
         }
         let mut block = proposal(context, anchor, max)?;
-        if let Some(keep) = seat.and_then(|s| self.scheduled(s, block.tokens.len())) {
+        if let Some(keep) = adaptive.and_then(|a| self.sized(a, block.tokens.len())) {
             if keep == 0 {
                 self.lookup_rates.record(0, 0, 0.0, 0.0);
                 return None;
@@ -155,14 +161,27 @@ impl Drafting {
         Some(block)
     }
 
-    /// How many of `found` looked-up tokens the batch's scheduler gives this generation;
-    /// `None` when it is alone.
-    fn scheduled(&self, seat: &Seat<'_>, found: usize) -> Option<usize> {
-        let mut survival = self.lookup_rates.survival();
-        survival.truncate(found);
-        match seat.schedule(survival, 0.0)? {
-            (0, sessions) if self.lookup_rates.probe_due(sessions) => Some(1),
-            (length, _) => Some(length),
+    /// How many of `found` looked-up tokens to verify: the batch scheduler's length beside
+    /// others, the priced one for a sampled generation alone; `None`: all of them.
+    fn sized(&self, a: Adaptive<'_, '_>, found: usize) -> Option<usize> {
+        let scheduled = a.seat.and_then(|seat| {
+            let mut survival = self.lookup_rates.survival();
+            survival.truncate(found);
+            seat.schedule(survival, 0.0)
+        });
+        let (length, sessions) = match scheduled {
+            Some(given) => given,
+            None if self.greedy => return None,
+            None => {
+                let rates: Vec<f32> = (1..=found)
+                    .map(|k| self.lookup_rates.acceptance(k) as f32)
+                    .collect();
+                (cut_length(&rates, 1.0, a.verify_slope), 1)
+            }
+        };
+        match length {
+            0 if self.lookup_rates.probe_due(sessions) => Some(1),
+            length => Some(length),
         }
     }
 
@@ -211,6 +230,14 @@ impl Drafting {
         check_block(&block, gamma, vocab, self.greedy)?;
         Ok(block)
     }
+}
+
+/// What sizes an adaptive generation's lookups: its seat in the batch (if the target
+/// batches) and what each verified token adds to a round, in one-token forwards.
+#[derive(Clone, Copy)]
+pub(crate) struct Adaptive<'a, 's> {
+    pub(crate) seat: Option<&'a Seat<'s>>,
+    pub(crate) verify_slope: f64,
 }
 
 /// The counts a generation keeps of its looked-up tokens.
@@ -340,6 +367,14 @@ mod tests {
         }
     }
 
+    /// An adaptive generation's sizing at `seat`, verify rows at 0.3 forwards each.
+    fn beside<'a, 's>(seat: &'a crate::Seat<'s>) -> Adaptive<'a, 's> {
+        Adaptive {
+            seat: Some(seat),
+            verify_slope: 0.3,
+        }
+    }
+
     #[test]
     fn committed_rows_reach_the_session_in_one_call_before_a_draft() -> Result<()> {
         let seen = std::sync::Arc::default();
@@ -400,7 +435,7 @@ mod tests {
         let mut lengths = Vec::new();
         for _ in 0..20 {
             let block = d
-                .look_up(3, 6, Some(&seat))
+                .look_up(3, 6, Some(beside(&seat)))
                 .expect("a lookup that pays is kept");
             assert!([4, 5, 6, 7, 8, 9].starts_with(&block.tokens));
             d.looked_up(block.tokens.len(), block.tokens.len());
@@ -412,7 +447,9 @@ mod tests {
         d.extend(&[0.0; 22], 0, &run)?;
         let mut lengths = Vec::new();
         for _ in 0..80 {
-            let n = d.look_up(3, 6, Some(&seat)).map_or(0, |b| b.tokens.len());
+            let n = d
+                .look_up(3, 6, Some(beside(&seat)))
+                .map_or(0, |b| b.tokens.len());
             d.lookup_skip = 0;
             if n > 0 {
                 d.looked_up(n, 0);
@@ -424,9 +461,44 @@ mod tests {
         assert!((1..=8).contains(&probes), "{lengths:?}");
         drop(_other);
         assert_eq!(
-            d.look_up(3, 6, Some(&seat)).map(|b| b.tokens.len()),
+            d.look_up(3, 6, Some(beside(&seat))).map(|b| b.tokens.len()),
             Some(6)
         );
+        Ok(())
+    }
+
+    /// A sampled adaptive generation alone prices its lookups against its verify cost:
+    /// a lookup that keeps missing shrinks to one-token probes; a greedy one stays whole.
+    #[test]
+    fn a_sampled_lookup_alone_is_priced() -> Result<()> {
+        let alone = Adaptive {
+            seat: None,
+            verify_slope: 0.3,
+        };
+        let run = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2];
+        let mut d = Drafting {
+            greedy: false,
+            ..recording(&std::sync::Arc::default())
+        };
+        d.extend(&[0.0; 22], 0, &run)?;
+        let mut lengths = Vec::new();
+        for _ in 0..60 {
+            let n = d.look_up(3, 6, Some(alone)).map_or(0, |b| b.tokens.len());
+            d.lookup_skip = 0;
+            if n > 0 {
+                d.looked_up(n, n.min(1));
+            }
+            lengths.push(n);
+        }
+        assert!(
+            lengths[0] < 6,
+            "the prior pays for a short lookup: {lengths:?}"
+        );
+        assert!(lengths.iter().skip(10).all(|n| *n <= 2), "{lengths:?}");
+        let mut greedy = recording(&std::sync::Arc::default());
+        greedy.extend(&[0.0; 22], 0, &run)?;
+        let whole = greedy.look_up(3, 6, Some(alone)).map(|b| b.tokens.len());
+        assert_eq!(whole, Some(6));
         Ok(())
     }
 

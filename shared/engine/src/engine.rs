@@ -20,7 +20,7 @@ use tandem_core::{
 use tandem_gemma::{argmax_rows, LogitsMode, TopRow};
 use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
 
-use crate::drafting::Drafting;
+use crate::drafting::{Adaptive, Drafting};
 use crate::error::{EngineError, Result};
 use crate::memory::PolicyMemory;
 use crate::models::{Target, TargetFacts, TargetSequence, TargetStep};
@@ -309,9 +309,12 @@ impl<'e> Generation<'e> {
         let room = (self.cache.max_len() - n - 1).min(self.output.remaining() - 1);
         let t0 = Instant::now();
         let cap = self.gamma.min(room);
-        // An adaptive generation's lookup is scheduled with the batch's drafts.
-        let seat = self.policy.as_ref().and(self.seat.as_ref());
-        let looked_up = (self.drafting.as_mut()).and_then(|d| d.look_up(anchor, cap, seat));
+        // An adaptive generation sizes its lookup with the batch's drafts or its own costs.
+        let adaptive = self.policy.as_ref().map(|p| Adaptive {
+            seat: self.seat.as_ref(),
+            verify_slope: p.verify_slope(),
+        });
+        let looked_up = (self.drafting.as_mut()).and_then(|d| d.look_up(anchor, cap, adaptive));
         let engine_lookup = looked_up.is_some();
         let mut draft = match looked_up {
             Some(block) => Ok(block),
