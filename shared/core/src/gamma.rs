@@ -205,7 +205,7 @@ impl GammaPolicy {
     }
 
     /// [`GammaPolicy::acceptance`] of positions `1..=max_gamma`, each from the one before.
-    fn acceptances(&self) -> impl Iterator<Item = f64> + '_ {
+    pub fn acceptances(&self) -> impl Iterator<Item = f64> + '_ {
         let counts = self.accepted.iter().zip(&self.drafted);
         counts.scan(PRIOR_FIRST, |prior, (a, n)| {
             *prior = (a + PRIOR_WEIGHT * *prior) / (n + PRIOR_WEIGHT);

@@ -173,8 +173,9 @@ impl Drafting {
             Some(given) => given,
             None if self.greedy => return None,
             None => {
-                let rates: Vec<f32> = (1..=found)
-                    .map(|k| self.lookup_rates.acceptance(k) as f32)
+                let rates: Vec<f32> = (self.lookup_rates.acceptances())
+                    .take(found)
+                    .map(|p| p as f32)
                     .collect();
                 (cut_length(&rates, 1.0, a.verify_slope), 1)
             }
