@@ -102,6 +102,44 @@ struct BlockCost {
     /// The same forward when only each row's argmax is read (greedy verification).
     greedy_ms: f64,
     greedy_decode_steps: f64,
+    /// A device target's fixed-shape steps of this block (both logits modes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    split: Option<StepSplit>,
+}
+
+/// Where a device target's fixed-shape steps spent their time, per step.
+#[derive(Serialize)]
+struct StepSplit {
+    steps: u64,
+    /// Of which replayed as CUDA graphs.
+    replays: u64,
+    wall_ms: f64,
+    /// From the step's first kernel to its last on the device.
+    device_ms: f64,
+    /// The rest: embedding, uploads, launch calls, copies back and waiting on them.
+    host_ms: f64,
+}
+
+impl StepSplit {
+    /// The steps timed since the last call (`None` if none was).
+    fn take() -> Option<Self> {
+        let p = tandem_gemma::take_step_profile();
+        let per = |s: f64| 1e3 * s / p.steps.max(1) as f64;
+        (p.steps > 0).then(|| Self {
+            steps: p.steps,
+            replays: p.replays,
+            wall_ms: per(p.wall_s),
+            device_ms: per(p.device_s),
+            host_ms: per(p.host_s()),
+        })
+    }
+
+    fn print(&self, what: &str) {
+        println!(
+            "  {what:<18} {:>5} steps ({} replayed) {:>7.3} ms wall {:>7.3} ms device {:>7.3} ms host",
+            self.steps, self.replays, self.wall_ms, self.device_ms, self.host_ms
+        );
+    }
 }
 
 #[derive(Serialize)]
@@ -118,6 +156,9 @@ struct TargetReport {
     decode_tok_s: f64,
     decode_ms_per_token: f64,
     context: usize,
+    /// A device target's fixed-shape decode steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decode_split: Option<StepSplit>,
     blocks: Vec<BlockCost>,
     /// Each weight product on its own (CPU Gemma 3 targets).
     products: Option<crate::bench_products::Products>,
@@ -171,6 +212,8 @@ fn target(a: TargetArgs) -> Result<()> {
     let no_taps = SnapshotSpec::default();
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
+    let mut decode_split = None;
+    tandem_gemma::profile_steps(true);
     for _ in 0..a.repeats {
         let mut seq = model.start(a.prompt_tokens);
         let t = Instant::now();
@@ -182,8 +225,10 @@ fn target(a: TargetArgs) -> Result<()> {
             ignore_eos: true,
             ..GenerationRequest::default()
         };
+        StepSplit::take();
         let run = engine.generate(&req, None, &mut |_: &Update| ControlFlow::Continue(()))?;
         decode.push(decode_tok_s(&run));
+        decode_split = StepSplit::take();
     }
     let decode_tok_s = median(decode);
     let step_ms = 1000.0 / decode_tok_s;
@@ -211,6 +256,7 @@ fn target(a: TargetArgs) -> Result<()> {
         decode_tok_s,
         decode_ms_per_token: step_ms,
         context: a.context,
+        decode_split,
         blocks,
         products,
     };
@@ -235,6 +281,12 @@ fn block_costs(
     for &b in &a.blocks {
         let block = &ids[a.context..a.context + b];
         let (mut all, mut greedy) = (Vec::new(), Vec::new());
+        // Warm-up: a device target captures a step's graph at its second run.
+        for _ in 0..2 {
+            seq.forward(block, a.context, LogitsMode::All, &no_taps)?;
+            seq.truncate(a.context)?;
+        }
+        StepSplit::take();
         for _ in 0..a.repeats.max(5) {
             for (mode, times) in [
                 (LogitsMode::All, &mut all),
@@ -254,6 +306,7 @@ fn block_costs(
             decode_steps: ms / step_ms,
             greedy_ms,
             greedy_decode_steps: greedy_ms / step_ms,
+            split: StepSplit::take(),
         });
     }
     Ok(out)
@@ -284,6 +337,17 @@ fn print_report(r: &TargetReport) {
             "  {:>5} {:>7.1} {:>10.2} {:>14.2} {:>11.1} {:>14.2}",
             b.block, b.ms, b.ms_per_token, b.decode_steps, b.greedy_ms, b.greedy_decode_steps
         );
+    }
+    let splits = r
+        .blocks
+        .iter()
+        .filter_map(|b| Some((b.block, b.split.as_ref()?)));
+    if let Some(d) = &r.decode_split {
+        println!("fixed-shape device steps, per step (the last decode run; each block's runs):");
+        d.print("decode");
+        for (block, split) in splits {
+            split.print(&format!("block {block}"));
+        }
     }
     if let Some(p) = &r.products {
         crate::bench_products::print(p);

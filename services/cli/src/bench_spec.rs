@@ -117,6 +117,11 @@ pub struct SpecRun {
     /// of diverging sampled paths.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_tau: Option<[f64; 2]>,
+    /// Greedy runs in process: `[identical, all]` generations whose tokens equal plain
+    /// decoding's of the same prompt and repeat (lossless on batch-invariant kernels; on a
+    /// GPU a near-tie may part them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identical_to_plain: Option<[usize; 2]>,
 }
 
 /// `[token-wise, block]` expected τ of the rounds in `s` that reported it.
@@ -319,6 +324,7 @@ fn mode(runner: &Runner<'_>, prompts: &[Vec<u32>], a: &SpecArgs, temperature: f3
                 tok_s: t.tok_s(),
                 speedup: t.tok_s() / plain.tok_s().max(1e-9),
                 expected_tau: expected_tau(s),
+                identical_to_plain: identical(&plain.outputs, &t.outputs, sampling),
             }
         })
         .collect();
@@ -335,13 +341,26 @@ fn mode(runner: &Runner<'_>, prompts: &[Vec<u32>], a: &SpecArgs, temperature: f3
     })
 }
 
+/// `[identical, all]` pairs of greedy generations, the same prompts in the same order
+/// (`None` when sampled, or without the tokens: through the services).
+fn identical(
+    plain: &[Vec<u32>],
+    spec: &[Vec<u32>],
+    sampling: SamplingParams,
+) -> Option<[usize; 2]> {
+    let same = plain.iter().zip(spec).filter(|(p, s)| p == s).count();
+    (sampling.is_greedy() && !plain.is_empty() && plain.len() == spec.len())
+        .then_some([same, plain.len()])
+}
+
 /// Decoded tokens (the first, chosen by the prefill, left out), decode seconds and the
-/// speculation figures of some generations.
+/// speculation figures of some generations, and their tokens where they ran in process.
 #[derive(Default)]
 pub(crate) struct Tally {
     pub(crate) tokens: usize,
     pub(crate) secs: f64,
     pub(crate) stats: SpecStats,
+    pub(crate) outputs: Vec<Vec<u32>>,
 }
 
 impl Tally {
@@ -349,6 +368,7 @@ impl Tally {
         self.tokens += other.tokens;
         self.secs += other.secs;
         merge(&mut self.stats, &other.stats);
+        self.outputs.extend(other.outputs);
     }
 
     fn count(&mut self, completion_tokens: usize, secs: f64, stats: &SpecStats) {
@@ -430,6 +450,7 @@ pub(crate) fn decode_local(
     let out = engine.generate(&req, proposer, &mut |_: &Update| ControlFlow::Continue(()))?;
     let mut tally = Tally::default();
     tally.count(out.tokens.len(), out.timing.decode_s, &out.spec);
+    tally.outputs.push(out.tokens);
     Ok(tally)
 }
 
@@ -535,6 +556,9 @@ fn print_report(r: &SpecReport) {
                 100.0 * s.draft_share,
                 acc.join(" ")
             );
+            if let Some([same, all]) = s.identical_to_plain {
+                println!("        identical to plain decoding: {same} of {all} generations");
+            }
             if let Some([token, block]) = s.expected_tau {
                 println!(
                     "        expected τ on these rounds: token-wise {token:.3}, block {block:.3} ({:+.1} %)",

@@ -46,6 +46,10 @@ pub struct ModelArgs {
     /// Weights and activations of a `cuda` target.
     #[arg(long, env = "TANDEM_DTYPE", value_enum, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
+    /// Run a `cuda` target's decode and verify steps (one sequence, at most 32 tokens, a
+    /// context of at most 4,096) as CUDA graphs, replayed in one launch each.
+    #[arg(long, env = "TANDEM_CUDA_GRAPHS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub cuda_graphs: bool,
     /// Fastest family of CPU matmul kernels to use: `portable`, `avx2`, `avx-vnni` or `amx`
     /// (default: the fastest this CPU has). The family decides the last bits of the results;
     /// capping every replica at `avx-vnni` makes all x86-64 CPUs with AVX2 return the same
@@ -205,10 +209,7 @@ impl ModelArgs {
                     precision: self.precision.into(),
                 })
             }
-            DeviceArg::Cuda(n) => Placement::Device(DeviceOptions {
-                device: self.cuda(n)?,
-                dtype: self.dtype.into(),
-            }),
+            DeviceArg::Cuda(n) => Placement::Device(self.device_options(n)?),
         })
     }
 
@@ -255,13 +256,16 @@ impl ModelArgs {
 
     /// The Gemma 3 at the checked `path` on CUDA device `n`.
     fn device_gemma3_at(&self, path: &Path, n: usize) -> Result<DeviceGemma3> {
-        let device = self.cuda(n)?;
-        let opts = DeviceOptions {
-            device,
-            dtype: self.dtype.into(),
-        };
-        DeviceGemma3::load(path, opts)
+        DeviceGemma3::load(path, self.device_options(n)?)
             .with_context(|| format!("loading {} onto cuda:{n}", display(path)))
+    }
+
+    /// How a target runs on CUDA device `n` (`--dtype`, `--cuda-graphs`).
+    fn device_options(&self, n: usize) -> Result<DeviceOptions> {
+        Ok(DeviceOptions {
+            graphs: self.cuda_graphs,
+            ..DeviceOptions::new(self.cuda(n)?, self.dtype.into())
+        })
     }
 
     /// CUDA device `n`, opened and prepared for launch-bound work ([`prepare_device`]) on

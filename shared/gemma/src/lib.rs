@@ -24,9 +24,10 @@ pub mod testing;
 
 pub use error::{GemmaError, Result};
 pub use gemma3::{
-    export_hf, hf_config_json, DeviceCache, DeviceGemma3, DeviceOptions, ForwardOptions,
-    ForwardOutput, Gemma3, Gemma3Model, GemmaConfig, KvCache, LoadOptions, LogitsMode, Precision,
-    RestrictedHead, RopeScaling, Segment, SequenceCache, TargetHead, Weight,
+    export_hf, hf_config_json, profile_steps, take_step_profile, DeviceCache, DeviceGemma3,
+    DeviceOptions, ForwardOptions, ForwardOutput, Gemma3, Gemma3Model, GemmaConfig, KvCache,
+    LoadOptions, LogitsMode, Precision, RestrictedHead, RopeScaling, Segment, SequenceCache,
+    StepProfile, TargetHead, Weight, MAX_STEP_ROWS, STEP_POSITIONS,
 };
 pub use gguf::inspect_gguf;
 pub use launch::{argmax_rows, prepare_device, with_cached_layouts};

@@ -10,10 +10,7 @@ use tandem_gemma::{
 use tandem_testkit::{max_abs_diff, real_gguf, Lcg};
 
 fn cpu_f32() -> DeviceOptions {
-    DeviceOptions {
-        device: Device::Cpu,
-        dtype: DType::F32,
-    }
+    DeviceOptions::new(Device::Cpu, DType::F32)
 }
 
 fn device_forward(
@@ -259,4 +256,69 @@ fn kv_bytes_follow_the_dtype() {
         Gemma3Model::kv_bytes_per_position(&bf16_model) * 2,
         f32_bytes
     );
+}
+
+/// Fixed-shape steps (what a GPU replays as CUDA graphs; here op by op) against the plain
+/// forward on the same weights: a 40-token prompt (op by op into the fixed cache), blocks of
+/// 1..=9 tokens to 300 positions (spans 256 and 512, across the window) each after a wrong
+/// block rolled back, with taps and all logits; then a second sequence in the first one's
+/// storage, whose stale keys must stay hidden.
+#[test]
+fn fixed_shape_steps_match_the_plain_forward() {
+    let cfg = tiny_config();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_hf(dir.path(), &cfg, 12);
+    let plain = DeviceGemma3::load(dir.path(), cpu_f32()).expect("plain");
+    let steps_opts = DeviceOptions {
+        graphs: true,
+        ..cpu_f32()
+    };
+    let fixed = DeviceGemma3::load(dir.path(), steps_opts).expect("fixed steps");
+    let opts = ForwardOptions {
+        logits: LogitsMode::All,
+        taps: vec![0, 2, cfg.num_hidden_layers],
+    };
+    let check = |ids: &[u32], first: usize, blocks: &mut dyn FnMut() -> usize| {
+        let mut want_cache = plain.new_cache(400);
+        let mut got_cache = fixed.new_cache(400);
+        let mut pos = 0;
+        while pos < ids.len() {
+            let len = if pos == 0 { first } else { blocks() }.min(ids.len() - pos);
+            let block = &ids[pos..pos + len];
+            if pos > 0 {
+                let wrong: Vec<u32> = block.iter().map(|t| (t + 1) % 50).collect();
+                device_forward(&fixed, &wrong, &mut got_cache, &opts);
+                got_cache.truncate(pos).expect("truncate");
+            }
+            let want = device_forward(&plain, block, &mut want_cache, &opts);
+            let got = device_forward(&fixed, block, &mut got_cache, &opts);
+            let diff = max_abs_diff(&got.0, &want.0);
+            assert!(diff < 1e-4, "logits at {pos}+{len} differ by {diff}");
+            for (g, w) in got.1.iter().zip(&want.1) {
+                assert!(max_abs_diff(g, w) < 1e-4, "taps at {pos}+{len}");
+            }
+            pos += len;
+        }
+        assert_eq!(got_cache.len(), ids.len());
+        got_cache.fixed_steps().expect("a cache at fixed addresses")
+    };
+    let mut b = 0;
+    let mut next = || {
+        b = b % 9 + 1;
+        b
+    };
+    let built = check(&Lcg::new(4).tokens(300, cfg.vocab_size), 40, &mut next);
+    assert!(built >= 9, "{built} step shapes");
+    // The next sequence reuses the dropped cache's storage and its steps.
+    let again = check(&Lcg::new(5).tokens(60, cfg.vocab_size), 3, &mut || 1);
+    assert!(again >= built, "the storage and its steps are reused");
+    let last = ForwardOptions {
+        logits: LogitsMode::Last,
+        taps: vec![],
+    };
+    let ids = Lcg::new(6).tokens(5, cfg.vocab_size);
+    let (want, _) = device_forward(&plain, &ids, &mut plain.new_cache(8), &last);
+    let (got, _) = device_forward(&fixed, &ids, &mut fixed.new_cache(8), &last);
+    assert_eq!(got.len(), cfg.vocab_size);
+    assert!(max_abs_diff(&got, &want) < 1e-4);
 }

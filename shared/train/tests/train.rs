@@ -217,10 +217,7 @@ fn teacher_forcing_a_generated_text_reproduces_its_sample() {
 #[test]
 fn a_device_teacher_makes_the_samples_of_the_cpu_kernels() {
     let (dir, model) = tiny_target();
-    let opts = DeviceOptions {
-        device: Device::Cpu,
-        dtype: DType::F32,
-    };
+    let opts = DeviceOptions::new(Device::Cpu, DType::F32);
     let device = DeviceGemma3::load(dir.path(), opts).expect("device target");
     let (mut on_cpu, _) = pools(6, 0);
     let mut on_device = Pool::new(on_cpu.prompts().to_vec(), teacher());

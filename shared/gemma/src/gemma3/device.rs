@@ -21,6 +21,7 @@ use candle_nn::rotary_emb::rope_thd;
 
 use super::config::GemmaConfig;
 use super::device_cache::DeviceCache;
+use super::device_step::StepShared;
 use super::forward::block_len;
 use super::head::TargetHead;
 use super::model::{ForwardOptions, ForwardOutput, LogitsMode, Precision};
@@ -38,9 +39,25 @@ pub struct DeviceOptions {
     /// Weights and activations (`F32`, `BF16` or `F16`); attention softmax and logits are
     /// computed in f32 whatever this is.
     pub dtype: DType,
+    /// Runs short blocks of one sequence as fixed-shape steps, captured once as CUDA
+    /// graphs on a CUDA device and replayed ([`super::device_step`]); on other devices the
+    /// same steps run op by op. Off: every forward launches its kernels one by one.
+    pub graphs: bool,
 }
 
-struct Layer {
+impl DeviceOptions {
+    /// `dtype` on `device`, with graphs on where the device is a CUDA GPU.
+    pub fn new(device: Device, dtype: DType) -> Self {
+        let graphs = device.is_cuda();
+        Self {
+            device,
+            dtype,
+            graphs,
+        }
+    }
+}
+
+pub(super) struct Layer {
     attn_norm: Tensor,
     /// `[q_dim + 2 kv_dim, hidden]`: q, k and v stacked.
     qkv: Tensor,
@@ -60,14 +77,17 @@ struct Layer {
 
 /// A Gemma 3 text model on a candle device. Immutable and shareable across threads.
 pub struct DeviceGemma3 {
-    cfg: GemmaConfig,
-    head: TargetHead,
-    opts: DeviceOptions,
-    layers: Vec<Layer>,
-    final_norm: Tensor,
+    pub(super) cfg: GemmaConfig,
+    pub(super) head: TargetHead,
+    pub(super) opts: DeviceOptions,
+    pub(super) layers: Vec<Layer>,
+    pub(super) final_norm: Tensor,
     lm_head: Tensor,
     rope_local: Rope,
     rope_global: Rope,
+    /// What fixed-shape steps share: rotation tables on the device and caches to reuse
+    /// (`None` with graphs off).
+    pub(super) steps: Option<StepShared>,
     /// Held for the whole of a forward: forwards from several threads on one CUDA stream
     /// only interleave their launches and synchronisations (measured on the H200: 16
     /// teacher threads together made 108 tok/s, one sequence alone 217-289 tok/s).
@@ -107,10 +127,19 @@ impl DeviceGemma3 {
         let lm_head = load.put(head.head().dequantize(), shape)?;
         let hd = cfg.head_dim;
         let factor = cfg.rope_scaling.as_ref().map_or(1.0, |s| s.factor);
+        let (rope_local, rope_global) = (
+            Rope::new(hd, cfg.rope_local_base_freq, 1.0),
+            Rope::new(hd, cfg.rope_theta, factor),
+        );
+        let steps = opts
+            .graphs
+            .then(|| StepShared::new(&cfg, [&rope_local, &rope_global], &opts))
+            .transpose()?;
         Ok(Self {
             final_norm: load.vector(Role::FinalNorm)?,
-            rope_local: Rope::new(hd, cfg.rope_local_base_freq, 1.0),
-            rope_global: Rope::new(hd, cfg.rope_theta, factor),
+            rope_local,
+            rope_global,
+            steps,
             lm_head,
             head,
             layers,
@@ -147,11 +176,17 @@ impl DeviceGemma3 {
     }
 
     /// A fresh KV cache for `batch` sequences advanced together (see [`Self::forward`]).
+    /// With graphs on, one sequence of at most [`super::device_step::STEP_POSITIONS`]
+    /// positions gets a cache at fixed addresses, reused from a dropped one where there is.
     pub fn new_batch_cache(&self, batch: usize, max_len: usize) -> DeviceCache {
         let cfg = &self.cfg;
+        let max_len = max_len.min(cfg.max_position_embeddings);
+        if let Some(cache) = self.fixed_cache(batch, max_len) {
+            return cache;
+        }
         DeviceCache::new(
             batch,
-            max_len.min(cfg.max_position_embeddings),
+            max_len,
             (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim),
             (self.opts.dtype, self.opts.device.clone()),
         )
@@ -176,7 +211,10 @@ impl DeviceGemma3 {
         self.check(tokens, pos, cache, opts)?;
         // The lock guards no data, so a forward that panicked leaves nothing to distrust.
         let _turn = self.turn.lock().unwrap_or_else(PoisonError::into_inner);
-        let result = self.forward_chunks(tokens, pos, cache, opts);
+        let result = match self.takes_step(tokens.len(), cache) {
+            true => self.step_forward(tokens, pos, cache, opts),
+            false => self.forward_chunks(tokens, pos, cache, opts),
+        };
         if result.is_err() {
             // Back to the `pos` positions the forward started from (never past the end).
             cache.ledger.truncate(pos)?;
@@ -259,10 +297,11 @@ impl DeviceGemma3 {
         }
         let mut x = self.upload(rows, (rows_n, h))?;
         let ctx = Context::new(self, pos, m, b)?;
+        let store = Store::Append(pos);
         let mut taps: Vec<Option<Tensor>> = vec![None; tap_layers.len()];
         with_cached_layouts(&self.opts.device, || -> Result<()> {
             for (i, layer) in self.layers.iter().enumerate() {
-                x = self.layer(layer, &x, &ctx, cache, i)?;
+                x = self.layer(layer, &x, &ctx, (&cache.k[i], &cache.v[i]), &store)?;
                 for (slot, t) in taps.iter_mut().zip(tap_layers) {
                     if *t == i {
                         *slot = Some(x.clone());
@@ -301,13 +340,13 @@ impl DeviceGemma3 {
         }
     }
 
-    fn upload(&self, data: Vec<f32>, shape: (usize, usize)) -> Result<Tensor> {
+    pub(super) fn upload(&self, data: Vec<f32>, shape: (usize, usize)) -> Result<Tensor> {
         let t = Tensor::from_vec(data, shape, &Device::Cpu)?.to_dtype(self.opts.dtype)?;
         Ok(t.to_device(&self.opts.device)?)
     }
 
     /// `[rows, vocab]` f32 logits of final-norm rows, on the device.
-    fn logits(&self, normed: &Tensor) -> Result<Tensor> {
+    pub(super) fn logits(&self, normed: &Tensor) -> Result<Tensor> {
         let mut logits = normed.matmul(&self.lm_head.t()?)?.to_dtype(DType::F32)?;
         if let Some(cap) = self.cfg.final_logit_softcapping {
             logits = ((logits / cap)?.tanh()? * cap)?;
@@ -315,13 +354,15 @@ impl DeviceGemma3 {
         Ok(logits)
     }
 
-    fn layer(
+    /// One layer over `x`, storing the block's keys and values in `kv` (the layer's cache
+    /// keys and values) as `store` says.
+    pub(super) fn layer(
         &self,
         l: &Layer,
         x: &Tensor,
         ctx: &Context,
-        cache: &mut DeviceCache,
-        idx: usize,
+        kv: (&Tensor, &Tensor),
+        store: &Store,
     ) -> Result<Tensor> {
         let cfg = &self.cfg;
         let eps = cfg.rms_norm_eps as f32;
@@ -339,11 +380,7 @@ impl DeviceGemma3 {
         let k = k.reshape((b, m, nkv, hd))?;
         let k = rope_thd(&rms_norm(&k, &l.k_norm, eps)?, cos, sin)?;
         let v = v.reshape((b, m, nkv, hd))?;
-        let pos = ctx.pos;
-        cache.k[idx].slice_set(&k, 1, pos)?;
-        cache.v[idx].slice_set(&v, 1, pos)?;
-        let keys = cache.k[idx].narrow(1, 0, pos + m)?;
-        let values = cache.v[idx].narrow(1, 0, pos + m)?;
+        let (keys, values) = store.put(kv, &k, &v)?;
         let mask = if l.sliding {
             &ctx.local_mask
         } else {
@@ -482,19 +519,53 @@ impl Loader<'_> {
     }
 }
 
+/// Where a layer puts a block's keys and values in its cache, and which cached positions it
+/// attends to.
+pub(super) enum Store {
+    /// At positions `pos..pos + m`, attending to the first `pos + m`.
+    Append(usize),
+    /// At the positions `index` holds (`[b, m, kv_heads, head_dim]`, each row its
+    /// position), attending to the first `span` (the mask hides the rest).
+    Scatter { index: Tensor, span: usize },
+}
+
+impl Store {
+    /// Stores `k` and `v` (`[b, m, kv_heads, head_dim]`) in the layer's cache `kv` and
+    /// returns the keys and values to attend to.
+    fn put(
+        &self,
+        (keys, values): (&Tensor, &Tensor),
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let len = match self {
+            Store::Append(pos) => {
+                keys.slice_set(k, 1, *pos)?;
+                values.slice_set(v, 1, *pos)?;
+                pos + k.dim(1)?
+            }
+            Store::Scatter { index, span } => {
+                keys.scatter_set(index, &k.contiguous()?, 1)?;
+                values.scatter_set(index, &v.contiguous()?, 1)?;
+                *span
+            }
+        };
+        Ok((keys.narrow(1, 0, len)?, values.narrow(1, 0, len)?))
+    }
+}
+
 /// What every layer of one forward shares: rotation tables and attention masks for the
 /// block's positions.
-struct Context {
-    pos: usize,
-    m: usize,
+pub(super) struct Context {
+    pub(super) m: usize,
     /// Sequences.
-    b: usize,
-    local: (Tensor, Tensor),
-    global: (Tensor, Tensor),
-    /// `[m * heads / kv_heads, pos + m]` additive masks, rows position-major (`None`: every
+    pub(super) b: usize,
+    pub(super) local: (Tensor, Tensor),
+    pub(super) global: (Tensor, Tensor),
+    /// `[m * heads / kv_heads, keys]` additive masks, rows position-major (`None`: every
     /// key visible).
-    local_mask: Option<Tensor>,
-    global_mask: Option<Tensor>,
+    pub(super) local_mask: Option<Tensor>,
+    pub(super) global_mask: Option<Tensor>,
 }
 
 impl Context {
@@ -533,7 +604,6 @@ impl Context {
             Ok(Some(t.to_device(&model.opts.device)?))
         };
         Ok(Self {
-            pos,
             m,
             b,
             local: tables(&model.rope_local)?,

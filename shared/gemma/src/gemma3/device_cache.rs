@@ -1,8 +1,10 @@
 //! [`DeviceCache`]: the KV cache of [`crate::DeviceGemma3`], passed in by the caller,
-//! grown by doubling and rolled back by length.
+//! grown by doubling (or, for fixed-shape steps, allocated whole at fixed addresses) and
+//! rolled back by length.
 
 use candle_core::{DType, Device, Tensor};
 
+use super::device_step::CacheSteps;
 use crate::error::Result;
 use crate::ledger::{ledger_accessors, Ledger};
 
@@ -20,6 +22,8 @@ pub struct DeviceCache {
     dims: (usize, usize, usize),
     dtype: DType,
     device: Device,
+    /// The fixed-shape steps of a cache allocated whole (`None`: a growing cache).
+    pub(crate) steps: Option<CacheSteps>,
 }
 
 /// Positions a cache first allocates room for; it doubles from there.
@@ -43,7 +47,34 @@ impl DeviceCache {
             dims,
             dtype,
             device,
+            steps: None,
         }
+    }
+
+    /// A cache of one sequence of at most `max_len` positions in `(k, v, capacity)`,
+    /// storage allocated whole for `capacity` positions, with its fixed-shape steps.
+    pub(crate) fn fixed(
+        (k, v, capacity): (Vec<Tensor>, Vec<Tensor>, usize),
+        steps: CacheSteps,
+        max_len: usize,
+        dims: (usize, usize, usize),
+        at: (DType, Device),
+    ) -> Self {
+        let mut cache = Self::new(1, max_len, dims, at);
+        (cache.k, cache.v, cache.capacity) = (k, v, capacity);
+        cache.steps = Some(steps);
+        cache
+    }
+
+    /// How many fixed-shape steps (distinct block shapes) its storage has run, across the
+    /// sequences that used it; `None` for a growing cache, which runs none.
+    pub fn fixed_steps(&self) -> Option<usize> {
+        self.steps.as_ref().map(CacheSteps::len)
+    }
+
+    /// Positions its storage has room for.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
     }
 
     ledger_accessors!();
@@ -89,5 +120,14 @@ impl DeviceCache {
         }
         self.capacity = capacity;
         Ok(())
+    }
+}
+
+impl Drop for DeviceCache {
+    /// A cache allocated whole gives its storage back to its model for the next sequence.
+    fn drop(&mut self) {
+        if let Some(steps) = self.steps.take() {
+            steps.give_back(std::mem::take(&mut self.k), std::mem::take(&mut self.v));
+        }
     }
 }

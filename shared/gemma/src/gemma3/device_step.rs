@@ -1,0 +1,440 @@
+//! Fixed-shape steps of [`DeviceGemma3`], replayed as CUDA graphs.
+//!
+//! A decode or verify step of Gemma 3 270M is about 450 kernel launches of a few
+//! microseconds each, so on a GPU the host's work per launch, not the weights' memory
+//! traffic, sets a step's pace ([`crate::launch`]). A CUDA graph replays a captured sequence
+//! of launches in one call, but with the shapes and addresses it was captured with. A
+//! fixed-shape step gives it both:
+//!
+//! * the cache of one sequence is allocated whole, at fixed addresses, for
+//!   [`STEP_POSITIONS`] positions; a dropped cache's storage, with its steps and graphs,
+//!   goes to the next sequence;
+//! * the block's embedded rows and positions are copied into input tensors the step owns;
+//!   rotations are gathered from device tables by position, keys and values are scattered
+//!   to their positions, and attention covers a fixed span of the cache (the smallest power
+//!   of two, at least [`MIN_SPAN`], that holds the block) under a mask computed on the
+//!   device from the positions;
+//! * the final-norm rows and taps are copied into output tensors the step owns.
+//!
+//! A step is keyed by its rows, span and taps. Its first two runs go op by op, and the
+//! second is then captured (CUDA only); later runs replay the graph. On other devices the steps run op by
+//! op, which is how the tests check them against the plain forward. A capture that fails
+//! leaves its step op by op, with a warning.
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::ops::rms_norm;
+
+use super::config::GemmaConfig;
+use super::device::{Context, DeviceGemma3, DeviceOptions, Store};
+use super::device_cache::DeviceCache;
+use super::model::{ForwardOptions, ForwardOutput, LogitsMode};
+use super::step_clock::StepClock;
+use crate::error::Result;
+use crate::launch::with_cached_layouts;
+use crate::ops::Rope;
+
+/// Positions a cache of fixed-shape steps holds (fewer where the model's context is
+/// shorter); a sequence that may grow longer gets a plain cache.
+pub const STEP_POSITIONS: usize = 4096;
+/// Most rows a fixed-shape step takes; longer blocks (prompts) run op by op.
+pub const MAX_STEP_ROWS: usize = 32;
+/// The shortest span of the cache a step attends to.
+const MIN_SPAN: usize = 256;
+/// What a masked score gets added (finite, so that masks are made by arithmetic; its
+/// exponential is exactly zero next to any visible score, as `-inf`'s is).
+const MASKED: f64 = -1e30;
+
+/// Dropped caches' storage, for the next sequence.
+type Spare = Arc<Mutex<Vec<CacheParts>>>;
+
+/// What the fixed-shape steps of one model share.
+pub(crate) struct StepShared {
+    /// `[positions, head_dim / 2]` cosines and sines of the local and the global rope.
+    local: (Tensor, Tensor),
+    global: (Tensor, Tensor),
+    positions: usize,
+    spare: Spare,
+}
+
+impl StepShared {
+    pub(super) fn new(cfg: &GemmaConfig, ropes: [&Rope; 2], opts: &DeviceOptions) -> Result<Self> {
+        let positions = STEP_POSITIONS.min(cfg.max_position_embeddings);
+        let half = cfg.head_dim / 2;
+        let table = |rope: &Rope| -> Result<(Tensor, Tensor)> {
+            let (cos, sin): (Vec<_>, Vec<_>) = (0..positions).map(|p| rope.cos_sin(p)).unzip();
+            let put = |rows: Vec<Vec<f32>>| -> Result<Tensor> {
+                let t = Tensor::from_vec(rows.concat(), (positions, half), &Device::Cpu)?;
+                Ok(t.to_dtype(opts.dtype)?.to_device(&opts.device)?)
+            };
+            Ok((put(cos)?, put(sin)?))
+        };
+        Ok(Self {
+            local: table(ropes[0])?,
+            global: table(ropes[1])?,
+            positions,
+            spare: Spare::default(),
+        })
+    }
+}
+
+/// The storage of a cache at fixed addresses, kept across sequences.
+pub(crate) struct CacheParts {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    steps: HashMap<StepKey, FixedStep>,
+}
+
+/// The fixed-shape steps of a cache at fixed addresses, and where its storage goes when
+/// the cache is dropped.
+pub(crate) struct CacheSteps {
+    steps: HashMap<StepKey, FixedStep>,
+    spare: Spare,
+}
+
+impl CacheSteps {
+    /// Steps (block shapes) built so far.
+    pub(crate) fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Gives the cache's storage (`k`, `v`, taken from it) back for the next sequence.
+    pub(crate) fn give_back(self, k: Vec<Tensor>, v: Vec<Tensor>) {
+        let parts = CacheParts {
+            k,
+            v,
+            steps: self.steps,
+        };
+        let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
+        spare.push(parts);
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct StepKey {
+    rows: usize,
+    span: usize,
+    taps: Vec<usize>,
+}
+
+/// One fixed-shape step: its inputs and outputs at fixed addresses, and its graph once
+/// captured.
+struct FixedStep {
+    key: StepKey,
+    /// `[rows, hidden]` embedded rows.
+    x: Tensor,
+    /// `[rows]` u32 positions.
+    pos: Tensor,
+    /// `[1, span]` f32 key positions `0..span`.
+    keys: Tensor,
+    /// `[rows, hidden]` final-norm rows.
+    normed: Tensor,
+    taps: Vec<Tensor>,
+    graph: Option<Graph>,
+    /// Runs op by op so far: capture is tried once, at the second (a block shape seen
+    /// once, such as a short prompt's, is not worth a graph).
+    eager_runs: u32,
+}
+
+impl FixedStep {
+    fn new(model: &DeviceGemma3, key: StepKey) -> Result<Self> {
+        let (dev, dtype) = (&model.opts.device, model.opts.dtype);
+        let rows = (key.rows, model.cfg.hidden_size);
+        let keys = Tensor::arange(0u32, key.span as u32, dev)?
+            .to_dtype(DType::F32)?
+            .reshape((1, key.span))?;
+        Ok(Self {
+            x: Tensor::zeros(rows, dtype, dev)?,
+            pos: Tensor::zeros(key.rows, DType::U32, dev)?,
+            keys,
+            normed: Tensor::zeros(rows, dtype, dev)?,
+            taps: (0..key.taps.len())
+                .map(|_| Tensor::zeros(rows, dtype, dev))
+                .collect::<candle_core::Result<_>>()?,
+            graph: None,
+            eager_runs: 0,
+            key,
+        })
+    }
+}
+
+impl DeviceGemma3 {
+    /// A cache at fixed addresses for one sequence of at most `max_len` positions, where
+    /// graphs are on and it fits (`None`: a plain cache it is).
+    pub(super) fn fixed_cache(&self, batch: usize, max_len: usize) -> Option<DeviceCache> {
+        let shared = self.steps.as_ref()?;
+        if batch != 1 || max_len > shared.positions {
+            return None;
+        }
+        let reused = shared
+            .spare
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let parts = match reused {
+            Some(parts) => parts,
+            None => self.new_parts(shared.positions).ok()?,
+        };
+        let steps = CacheSteps {
+            steps: parts.steps,
+            spare: shared.spare.clone(),
+        };
+        let cfg = &self.cfg;
+        let dims = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim);
+        let at = (self.opts.dtype, self.opts.device.clone());
+        let storage = (parts.k, parts.v, shared.positions);
+        Some(DeviceCache::fixed(storage, steps, max_len, dims, at))
+    }
+
+    fn new_parts(&self, positions: usize) -> Result<CacheParts> {
+        let cfg = &self.cfg;
+        let shape = (1, positions, cfg.num_key_value_heads, cfg.head_dim);
+        let zeros = || {
+            (0..cfg.num_hidden_layers)
+                .map(|_| Tensor::zeros(shape, self.opts.dtype, &self.opts.device))
+                .collect::<candle_core::Result<Vec<_>>>()
+        };
+        Ok(CacheParts {
+            k: zeros()?,
+            v: zeros()?,
+            steps: HashMap::new(),
+        })
+    }
+
+    /// Whether a block of `n` tokens in `cache` runs as a fixed-shape step.
+    pub(super) fn takes_step(&self, n: usize, cache: &DeviceCache) -> bool {
+        cache.steps.is_some() && n <= MAX_STEP_ROWS
+    }
+
+    /// [`DeviceGemma3::forward`] as a fixed-shape step (the cache is one at fixed
+    /// addresses; the block is at most [`MAX_STEP_ROWS`] tokens).
+    pub(super) fn step_forward(
+        &self,
+        tokens: &[u32],
+        pos: usize,
+        cache: &mut DeviceCache,
+        opts: &ForwardOptions,
+    ) -> Result<ForwardOutput> {
+        let m = tokens.len();
+        let span = (pos + m)
+            .next_power_of_two()
+            .max(MIN_SPAN)
+            .min(cache.capacity());
+        let key = StepKey {
+            rows: m,
+            span,
+            taps: opts.taps.clone(),
+        };
+        let dev = &self.opts.device;
+        let mut clock = StepClock::start(dev);
+        let (rows, positions) = self.step_inputs(tokens, pos)?;
+        let kv = (cache.k.as_slice(), cache.v.as_slice());
+        let steps = &mut cache
+            .steps
+            .as_mut()
+            .expect("a cache at fixed addresses")
+            .steps;
+        let step = match steps.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let step = FixedStep::new(self, e.key().clone())?;
+                e.insert(step)
+            }
+        };
+        step.x.slice_set(&rows, 0, 0)?;
+        step.pos.slice_set(&positions, 0, 0)?;
+        if let Some(clock) = clock.as_mut() {
+            clock.mark(dev);
+        }
+        let replayed = step.graph.is_some();
+        match &step.graph {
+            Some(graph) => graph.launch()?,
+            None => {
+                self.step_body(step, kv)?;
+                step.eager_runs += 1;
+                if step.eager_runs == 2 {
+                    step.graph = self.capture(step, kv);
+                }
+            }
+        }
+        let out = self.step_output(step, opts)?;
+        if let Some(mut clock) = clock {
+            clock.mark(dev);
+            clock.finish(replayed);
+        }
+        cache.ledger.commit(m);
+        Ok(out)
+    }
+
+    /// The block's embedded rows and positions, on the device.
+    fn step_inputs(&self, tokens: &[u32], pos: usize) -> Result<(Tensor, Tensor)> {
+        let h = self.cfg.hidden_size;
+        let mut rows = vec![0f32; tokens.len() * h];
+        for (row, t) in rows.chunks_exact_mut(h).zip(tokens) {
+            self.head.embed_into(*t, row)?;
+        }
+        let positions: Vec<u32> = (pos..pos + tokens.len()).map(|p| p as u32).collect();
+        Ok((
+            self.upload(rows, (tokens.len(), h))?,
+            Tensor::new(positions.as_slice(), &self.opts.device)?,
+        ))
+    }
+
+    /// The layers over the step's inputs, into its outputs and the cache `(k, v)`: what a
+    /// graph captures.
+    fn step_body(&self, step: &FixedStep, (k, v): (&[Tensor], &[Tensor])) -> Result<()> {
+        with_cached_layouts(&self.opts.device, || -> Result<()> {
+            let (ctx, store) = self.step_context(step)?;
+            let tap = |i: usize, x: &Tensor| -> Result<()> {
+                for (out, t) in step.taps.iter().zip(&step.key.taps) {
+                    if *t == i {
+                        out.slice_set(x, 0, 0)?;
+                    }
+                }
+                Ok(())
+            };
+            let mut x = step.x.clone();
+            for (i, layer) in self.layers.iter().enumerate() {
+                x = self.layer(layer, &x, &ctx, (&k[i], &v[i]), &store)?;
+                tap(i, &x)?;
+            }
+            let normed = rms_norm(&x, &self.final_norm, self.cfg.rms_norm_eps as f32)?;
+            step.normed.slice_set(&normed, 0, 0)?;
+            tap(self.layers.len(), &normed)
+        })
+    }
+
+    /// Rotations, masks and the scatter index of a step, computed on the device from its
+    /// positions.
+    fn step_context(&self, step: &FixedStep) -> Result<(Context, Store)> {
+        let shared = self.steps.as_ref().expect("graphs on");
+        let cfg = &self.cfg;
+        let (m, span) = (step.key.rows, step.key.span);
+        let (nkv, hd) = (cfg.num_key_value_heads, cfg.head_dim);
+        let group = cfg.num_attention_heads / nkv;
+        let gather = |(cos, sin): &(Tensor, Tensor)| -> Result<(Tensor, Tensor)> {
+            Ok((
+                cos.index_select(&step.pos, 0)?,
+                sin.index_select(&step.pos, 0)?,
+            ))
+        };
+        // `back[r, j]`: how far key position j lies behind row r's position.
+        let back = step
+            .pos
+            .to_dtype(DType::F32)?
+            .reshape((m, 1))?
+            .broadcast_sub(&step.keys)?;
+        let causal = back.ge(0.0)?.to_dtype(DType::F32)?;
+        let window = back.lt(cfg.sliding_window as f64)?.to_dtype(DType::F32)?;
+        let additive = |visible: &Tensor| -> Result<Tensor> {
+            Ok(visible
+                .affine(-MASKED, MASKED)?
+                .reshape((m, 1, span))?
+                .broadcast_as((m, group, span))?
+                .reshape((m * group, span))?)
+        };
+        let ctx = Context {
+            m,
+            b: 1,
+            local: gather(&shared.local)?,
+            global: gather(&shared.global)?,
+            local_mask: Some(additive(&(&causal * &window)?)?),
+            global_mask: Some(additive(&causal)?),
+        };
+        let index = step
+            .pos
+            .reshape((1, m, 1, 1))?
+            .broadcast_as((1, m, nkv, hd))?
+            .contiguous()?;
+        Ok((ctx, Store::Scatter { index, span }))
+    }
+
+    /// A step's outputs as [`DeviceGemma3::forward`] returns them (copies: the next run
+    /// of the step overwrites its tensors).
+    fn step_output(&self, step: &FixedStep, opts: &ForwardOptions) -> Result<ForwardOutput> {
+        let host =
+            |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?) };
+        let m = step.key.rows;
+        let logits = match opts.logits {
+            LogitsMode::All | LogitsMode::Top(_) => Some(self.logits(&step.normed)?),
+            LogitsMode::Last => Some(self.logits(&step.normed.narrow(0, m - 1, 1)?)?),
+            LogitsMode::None => None,
+        };
+        Ok(ForwardOutput {
+            top: None,
+            logits,
+            taps: step.taps.iter().map(host).collect::<Result<_>>()?,
+            last_hidden: host(&step.normed)?,
+        })
+    }
+
+    /// Captures a step's body as a CUDA graph (`None` on other devices, or where capture
+    /// fails, with a warning: the step then runs op by op).
+    #[cfg(feature = "cuda")]
+    fn capture(&self, step: &FixedStep, kv: (&[Tensor], &[Tensor])) -> Option<Graph> {
+        use candle_core::cuda::cudarc::driver::sys;
+        let Device::Cuda(cuda) = &self.opts.device else {
+            return None;
+        };
+        let stream = cuda.cuda_stream();
+        let captured = (|| -> std::result::Result<_, String> {
+            let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+            stream.begin_capture(mode).map_err(|e| e.to_string())?;
+            let body = self.step_body(step, kv);
+            let flags = sys::CUgraphInstantiate_flags(0);
+            let graph = stream.end_capture(flags).map_err(|e| e.to_string())?;
+            body.map_err(|e| e.to_string())?;
+            let graph = graph.ok_or("the capture recorded nothing")?;
+            graph.upload().map_err(|e| e.to_string())?;
+            Ok(graph)
+        })();
+        match captured {
+            Ok(graph) => Some(Graph(graph)),
+            Err(error) => {
+                tracing::warn!(rows = step.key.rows, span = step.key.span, %error,
+                    "a fixed-shape step could not be captured as a CUDA graph; it runs op by op");
+                None
+            }
+        }
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn capture(&self, _: &FixedStep, _: (&[Tensor], &[Tensor])) -> Option<Graph> {
+        None
+    }
+}
+
+/// A captured step.
+#[cfg(feature = "cuda")]
+struct Graph(candle_core::cuda::cudarc::driver::CudaGraph);
+
+// SAFETY: a graph is launched only through the `&mut DeviceCache` that owns it, or sits
+// unused in the spare storage behind a mutex, so no two threads touch it at once (CUDA
+// asks that graph objects be used from one thread at a time, not from one thread only).
+#[cfg(feature = "cuda")]
+unsafe impl Send for Graph {}
+
+#[cfg(feature = "cuda")]
+impl Graph {
+    fn launch(&self) -> Result<()> {
+        let launched = self.0.launch();
+        Ok(
+            launched
+                .map_err(|e| candle_core::Error::Msg(format!("launching a CUDA graph: {e}")))?,
+        )
+    }
+}
+
+/// A captured step (none without CUDA).
+#[cfg(not(feature = "cuda"))]
+enum Graph {}
+
+#[cfg(not(feature = "cuda"))]
+impl Graph {
+    fn launch(&self) -> Result<()> {
+        match *self {}
+    }
+}
