@@ -5,6 +5,8 @@
 #   h200-target-graphs-{true,false}.json  bench target: plain decode, block forwards 1-16
 #   h200-spec-graphs-{true,false}.json    bench speculative on the docs set, γ = 8, with
 #                                         greedy outputs checked against plain decoding
+#   h200-golden-graphs-{true,false}.json  bench golden: greedy ids, plain and speculative,
+#                                         against transformers up to each near-tie
 #
 #   bench-gpu-path.sh [PROMPTS]
 set -uo pipefail
@@ -24,5 +26,9 @@ for g in true false; do
   "$W/tandem" bench speculative --device cuda --dtype bf16 --cuda-graphs $g \
     --prompts-file "$docs" --prompts "$n" --max-tokens 48 --gammas 8 --repeats 2 \
     --json "$OUT/h200-spec-graphs-$g.json" 2>&1 | grep -v "^\s*$"
+done
+for g in true false; do
+  "$W/tandem" bench golden --device cuda --dtype bf16 --cuda-graphs $g \
+    --json "$OUT/h200-golden-graphs-$g.json" 2>&1 | grep -v "^\s*$"
 done
 nvidia-smi --query-gpu=memory.used --format=csv

@@ -54,6 +54,9 @@ enum BenchKind {
     /// per-user throughput, time to first token and inter-token latency at each
     /// concurrency, plain against fixed and scheduled speculation.
     Load(crate::bench_load::LoadArgs),
+    /// Greedy decoding, plain and speculative, against a golden fixture of an independent
+    /// implementation, up to each case's first near-tie within this target's error bound.
+    Golden(crate::bench_golden::GoldenArgs),
     /// Draws the chart of a saved `bench speculative` JSON report again.
     Chart(crate::chart::ChartArgs),
 }
@@ -188,6 +191,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchKind::Soak(a) => crate::bench_soak::run(a),
         BenchKind::Http(a) => crate::bench_http::run(a),
         BenchKind::Load(a) => crate::bench_load::run(a),
+        BenchKind::Golden(a) => crate::bench_golden::run(a),
         BenchKind::Chart(a) => crate::chart::redraw(a),
     }
 }

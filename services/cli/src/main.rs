@@ -3,6 +3,7 @@
 mod bench;
 mod bench_ab;
 mod bench_drafter;
+mod bench_golden;
 mod bench_http;
 mod bench_load;
 mod bench_products;

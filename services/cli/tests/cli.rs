@@ -339,8 +339,44 @@ fn check_report(report: &serde_json::Value, via: &str) {
             assert_eq!(per_pos.len(), gamma);
             assert!(run["tok_s"].as_f64().expect("tok/s") > 0.0);
             assert!(run["verify_s"].as_f64().expect("verify") > 0.0);
+            // Greedy speculation in process decodes what plain decoding does, both repeats.
+            let identical = &run["identical_to_plain"];
+            match via == "in-process" && m["temperature"] == 0.0 {
+                true => assert_eq!(identical, &serde_json::json!([2, 2])),
+                false => assert!(identical.is_null(), "{identical}"),
+            }
         }
     }
+}
+
+/// `bench golden` on the CPU kernels: the first three cases agree with transformers to
+/// their last token, plain and speculative; a fixture whose reference ids were altered
+/// fails it with one clear line.
+#[test]
+fn bench_golden_holds_decoding_to_the_reference() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/gemma/tests/fixtures/gemma3_270m_transformers.json"
+    );
+    let (report, text) = bench_json("golden", &["--fixture", fixture, "--cases", "3"]);
+    assert_eq!(report["passed"], true, "{text}");
+    let cases = report["cases"].as_array().expect("cases");
+    assert_eq!(cases.len(), 3);
+    for c in cases {
+        for key in ["compared", "plain_agree", "speculative_agree"] {
+            assert_eq!(c[key], 48, "{key}: {text}");
+        }
+        assert_eq!(c["speculative_equals_plain"], true);
+    }
+    let mut altered: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture).expect("fixture")).expect("json");
+    altered["cases"][0]["generated_ids"][5] = serde_json::json!(7);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("altered.json");
+    std::fs::write(&path, altered.to_string()).expect("write");
+    let path = path.to_str().expect("utf-8");
+    let out = tandem(&["bench", "golden", "--fixture", path, "--cases", "1"]);
+    assert_one_line_error(&out, "part from the reference");
 }
 
 #[test]
