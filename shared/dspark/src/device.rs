@@ -12,9 +12,9 @@
 //! the same up to float rounding.
 
 use candle_core::{Device, Tensor};
-use candle_nn::ops::{rms_norm, softmax_last_dim};
+use candle_nn::ops::softmax_last_dim;
 use tandem_core::{distribution, DraftBlock, Sampler, SparseDist};
-use tandem_gemma::{with_cached_layouts, TargetHead};
+use tandem_gemma::{rms_norm, with_cached_layouts, TargetHead};
 
 use crate::backbone::softcap;
 use crate::batch::{sample_blocks, MarkovRow};

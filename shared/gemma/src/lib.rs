@@ -30,6 +30,6 @@ pub use gemma3::{
     StepProfile, TargetHead, Weight, MAX_STEP_ROWS, STEP_POSITIONS,
 };
 pub use gguf::inspect_gguf;
-pub use launch::{argmax_rows, prepare_device, with_cached_layouts};
+pub use launch::{argmax_rows, prepare_device, rms_norm, with_cached_layouts};
 pub use loader::verify_sha256;
 pub use tandem_kernels::TopRow;

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 
 use candle_core::{DType, Device, Tensor};
-use candle_nn::ops::{rms_norm, softmax_last_dim};
+use candle_nn::ops::softmax_last_dim;
 use candle_nn::rotary_emb::rope_thd;
 
 use super::config::GemmaConfig;
@@ -27,7 +27,7 @@ use super::head::TargetHead;
 use super::model::{ForwardOptions, ForwardOutput, LogitsMode, Precision};
 use super::names::{LayerTensor, Role};
 use crate::error::{GemmaError, Result};
-use crate::launch::with_cached_layouts;
+use crate::launch::{rms_norm, with_cached_layouts};
 use crate::loader::{self, TensorSource};
 use crate::ops::Rope;
 

@@ -26,7 +26,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use candle_core::{DType, Device, Tensor};
-use candle_nn::ops::rms_norm;
 
 use super::config::GemmaConfig;
 use super::device::{Context, DeviceGemma3, DeviceOptions, Store};
@@ -34,7 +33,7 @@ use super::device_cache::DeviceCache;
 use super::model::{ForwardOptions, ForwardOutput, LogitsMode};
 use super::step_clock::StepClock;
 use crate::error::Result;
-use crate::launch::with_cached_layouts;
+use crate::launch::{rms_norm, with_cached_layouts};
 use crate::ops::Rope;
 
 /// Positions a cache of fixed-shape steps holds (fewer where the model's context is
