@@ -111,8 +111,8 @@ struct BlockCost {
 }
 
 /// Where a device target's fixed-shape steps spent their time, per step.
-#[derive(Serialize)]
-struct StepSplit {
+#[derive(Serialize, serde::Deserialize, Debug, Clone)]
+pub(crate) struct StepSplit {
     steps: u64,
     /// Of which replayed as CUDA graphs.
     replays: u64,
@@ -125,7 +125,7 @@ struct StepSplit {
 
 impl StepSplit {
     /// The steps timed since the last call (`None` if none was).
-    fn take() -> Option<Self> {
+    pub(crate) fn take() -> Option<Self> {
         let p = tandem_gemma::take_step_profile();
         let per = |s: f64| 1e3 * s / p.steps.max(1) as f64;
         (p.steps > 0).then(|| Self {
@@ -137,7 +137,7 @@ impl StepSplit {
         })
     }
 
-    fn print(&self, what: &str) {
+    pub(crate) fn print(&self, what: &str) {
         println!(
             "  {what:<18} {:>5} steps ({} replayed) {:>7.3} ms wall {:>7.3} ms device {:>7.3} ms host",
             self.steps, self.replays, self.wall_ms, self.device_ms, self.host_ms

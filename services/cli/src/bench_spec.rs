@@ -18,6 +18,7 @@ use tandem_proto::v1 as pb;
 use tandem_train::corpus::{self, CorpusConfig};
 use tokio::runtime::Runtime;
 
+use crate::bench::StepSplit;
 use crate::drafter::DrafterArgs;
 use crate::models::ModelArgs;
 use crate::{client, loopback, serve};
@@ -122,6 +123,9 @@ pub struct SpecRun {
     /// GPU a near-tie may part them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identical_to_plain: Option<[usize; 2]>,
+    /// A device target's fixed-shape steps in these generations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_steps: Option<StepSplit>,
 }
 
 /// `[token-wise, block]` expected τ of the rounds in `s` that reported it.
@@ -151,6 +155,9 @@ pub struct Mode {
     #[serde(default = "every_token")]
     pub top_p: f32,
     pub plain_tok_s: f64,
+    /// A device target's fixed-shape steps in the plain generations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plain_device_steps: Option<StepSplit>,
     pub runs: Vec<SpecRun>,
 }
 
@@ -300,19 +307,26 @@ fn mode(runner: &Runner<'_>, prompts: &[Vec<u32>], a: &SpecArgs, temperature: f3
         seed: a.seed,
     };
     decode_all(runner, &prompts[..1], a, sampling, a.max_gamma())?;
+    tandem_gemma::profile_steps(true);
     let mut plain = Tally::default();
     let mut spec: Vec<Tally> = a.gammas.iter().map(|_| Tally::default()).collect();
+    let mut splits: Vec<Option<StepSplit>> = vec![None; 1 + a.gammas.len()];
     for _ in 0..a.repeats {
+        StepSplit::take();
         plain.add(decode_all(runner, prompts, a, sampling, 0)?);
-        for (t, &gamma) in spec.iter_mut().zip(&a.gammas) {
+        splits[0] = StepSplit::take();
+        for (i, (t, &gamma)) in spec.iter_mut().zip(&a.gammas).enumerate() {
             t.add(decode_all(runner, prompts, a, sampling, gamma)?);
+            splits[1 + i] = StepSplit::take();
         }
     }
+    tandem_gemma::profile_steps(false);
     let runs = a
         .gammas
         .iter()
         .zip(&spec)
-        .map(|(&gamma, t)| {
+        .zip(splits[1..].iter().cloned())
+        .map(|((&gamma, t), device_steps)| {
             let s = &t.stats;
             SpecRun {
                 gamma,
@@ -325,6 +339,7 @@ fn mode(runner: &Runner<'_>, prompts: &[Vec<u32>], a: &SpecArgs, temperature: f3
                 speedup: t.tok_s() / plain.tok_s().max(1e-9),
                 expected_tau: expected_tau(s),
                 identical_to_plain: identical(&plain.outputs, &t.outputs, sampling),
+                device_steps,
             }
         })
         .collect();
@@ -337,6 +352,7 @@ fn mode(runner: &Runner<'_>, prompts: &[Vec<u32>], a: &SpecArgs, temperature: f3
             sampling.top_p
         },
         plain_tok_s: plain.tok_s(),
+        plain_device_steps: splits[0].take(),
         runs,
     })
 }
@@ -540,6 +556,9 @@ fn print_report(r: &SpecReport) {
             "T = {}{top_k}{top_p}: plain {:.1} tok/s",
             m.temperature, m.plain_tok_s
         );
+        if let Some(steps) = &m.plain_device_steps {
+            steps.print("plain, last repeat");
+        }
         println!("    γ      τ   tok/s  speedup  draft%  acceptance per position");
         for s in &m.runs {
             let acc: Vec<String> = s
@@ -556,6 +575,9 @@ fn print_report(r: &SpecReport) {
                 100.0 * s.draft_share,
                 acc.join(" ")
             );
+            if let Some(steps) = &s.device_steps {
+                steps.print("last repeat");
+            }
             if let Some([same, all]) = s.identical_to_plain {
                 println!("        identical to plain decoding: {same} of {all} generations");
             }

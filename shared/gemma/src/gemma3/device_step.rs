@@ -16,8 +16,11 @@
 //!   device from the positions;
 //! * the final-norm rows and taps are copied into output tensors the step owns.
 //!
-//! A step is keyed by its rows, span and taps. Its first two runs go op by op, and the
-//! second is then captured (CUDA only); later runs replay the graph. On other devices the steps run op by
+//! A block is padded with rows at the positions that follow it up to one of a few row
+//! counts (their keys and values land past the committed positions, where nothing attends
+//! to them before a later block overwrites them), so that a few steps serve every block
+//! length. A step is keyed by its rows, span and taps; its first run goes op by op and is
+//! then captured (CUDA only); later runs replay the graph. On other devices the steps run op by
 //! op, which is how the tests check them against the plain forward. A capture that fails
 //! leaves its step op by op, with a warning.
 
@@ -41,6 +44,10 @@ use crate::ops::Rope;
 pub const STEP_POSITIONS: usize = 4096;
 /// Most rows a fixed-shape step takes; longer blocks (prompts) run op by op.
 pub const MAX_STEP_ROWS: usize = 32;
+/// Rows a step runs: a block is padded to the first that holds it (where the cache has
+/// room for the padding), so that a few graphs serve every block length; 9 is a verify
+/// block of the default γ = 8.
+const ROW_BUCKETS: [usize; 8] = [1, 2, 4, 8, 9, 12, 16, 32];
 /// The shortest span of the cache a step attends to.
 const MIN_SPAN: usize = 256;
 /// What a masked score gets added (finite, so that masks are made by arithmetic; its
@@ -133,9 +140,8 @@ struct FixedStep {
     normed: Tensor,
     taps: Vec<Tensor>,
     graph: Option<Graph>,
-    /// Runs op by op so far: capture is tried once, at the second (a block shape seen
-    /// once, such as a short prompt's, is not worth a graph).
-    eager_runs: u32,
+    /// Whether capture was tried (once, after the first run).
+    tried: bool,
 }
 
 impl FixedStep {
@@ -154,7 +160,7 @@ impl FixedStep {
                 .map(|_| Tensor::zeros(rows, dtype, dev))
                 .collect::<candle_core::Result<_>>()?,
             graph: None,
-            eager_runs: 0,
+            tried: false,
             key,
         })
     }
@@ -218,18 +224,21 @@ impl DeviceGemma3 {
         opts: &ForwardOptions,
     ) -> Result<ForwardOutput> {
         let m = tokens.len();
-        let span = (pos + m)
-            .next_power_of_two()
-            .max(MIN_SPAN)
-            .min(cache.capacity());
+        let capacity = cache.capacity();
+        let rows = ROW_BUCKETS
+            .iter()
+            .copied()
+            .find(|&r| r >= m && pos + r <= capacity)
+            .unwrap_or(m);
+        let span = (pos + rows).next_power_of_two().max(MIN_SPAN).min(capacity);
         let key = StepKey {
-            rows: m,
+            rows,
             span,
             taps: opts.taps.clone(),
         };
         let dev = &self.opts.device;
         let mut clock = StepClock::start(dev);
-        let (rows, positions) = self.step_inputs(tokens, pos)?;
+        let (x, positions) = self.step_inputs(tokens, pos, rows)?;
         let kv = (cache.k.as_slice(), cache.v.as_slice());
         let steps = &mut cache
             .steps
@@ -243,7 +252,7 @@ impl DeviceGemma3 {
                 e.insert(step)
             }
         };
-        step.x.slice_set(&rows, 0, 0)?;
+        step.x.slice_set(&x, 0, 0)?;
         step.pos.slice_set(&positions, 0, 0)?;
         if let Some(clock) = clock.as_mut() {
             clock.mark(dev);
@@ -253,13 +262,13 @@ impl DeviceGemma3 {
             Some(graph) => graph.launch()?,
             None => {
                 self.step_body(step, kv)?;
-                step.eager_runs += 1;
-                if step.eager_runs == 2 {
+                if !step.tried {
+                    step.tried = true;
                     step.graph = self.capture(step, kv);
                 }
             }
         }
-        let out = self.step_output(step, opts)?;
+        let out = self.step_output(step, m, opts)?;
         if let Some(mut clock) = clock {
             clock.mark(dev);
             clock.finish(replayed);
@@ -268,16 +277,17 @@ impl DeviceGemma3 {
         Ok(out)
     }
 
-    /// The block's embedded rows and positions, on the device.
-    fn step_inputs(&self, tokens: &[u32], pos: usize) -> Result<(Tensor, Tensor)> {
+    /// The block's embedded rows and positions on the device, padded to `rows` with zero
+    /// rows at the positions that follow.
+    fn step_inputs(&self, tokens: &[u32], pos: usize, rows: usize) -> Result<(Tensor, Tensor)> {
         let h = self.cfg.hidden_size;
-        let mut rows = vec![0f32; tokens.len() * h];
-        for (row, t) in rows.chunks_exact_mut(h).zip(tokens) {
+        let mut x = vec![0f32; rows * h];
+        for (row, t) in x.chunks_exact_mut(h).zip(tokens) {
             self.head.embed_into(*t, row)?;
         }
-        let positions: Vec<u32> = (pos..pos + tokens.len()).map(|p| p as u32).collect();
+        let positions: Vec<u32> = (pos..pos + rows).map(|p| p as u32).collect();
         Ok((
-            self.upload(rows, (tokens.len(), h))?,
+            self.upload(x, (rows, h))?,
             Tensor::new(positions.as_slice(), &self.opts.device)?,
         ))
     }
@@ -351,15 +361,24 @@ impl DeviceGemma3 {
         Ok((ctx, Store::Scatter { index, span }))
     }
 
-    /// A step's outputs as [`DeviceGemma3::forward`] returns them (copies: the next run
-    /// of the step overwrites its tensors).
-    fn step_output(&self, step: &FixedStep, opts: &ForwardOptions) -> Result<ForwardOutput> {
-        let host =
-            |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?) };
-        let m = step.key.rows;
+    /// The outputs of a step's first `m` rows (the block's, without padding) as
+    /// [`DeviceGemma3::forward`] returns them (copies: the next run of the step overwrites
+    /// its tensors).
+    fn step_output(
+        &self,
+        step: &FixedStep,
+        m: usize,
+        opts: &ForwardOptions,
+    ) -> Result<ForwardOutput> {
+        let host = |t: &Tensor| -> Result<Tensor> {
+            Ok(t.narrow(0, 0, m)?
+                .to_dtype(DType::F32)?
+                .to_device(&Device::Cpu)?)
+        };
+        let normed = step.normed.narrow(0, 0, m)?;
         let logits = match opts.logits {
-            LogitsMode::All | LogitsMode::Top(_) => Some(self.logits(&step.normed)?),
-            LogitsMode::Last => Some(self.logits(&step.normed.narrow(0, m - 1, 1)?)?),
+            LogitsMode::All | LogitsMode::Top(_) => Some(self.logits(&normed)?),
+            LogitsMode::Last => Some(self.logits(&normed.narrow(0, m - 1, 1)?)?),
             LogitsMode::None => None,
         };
         Ok(ForwardOutput {
