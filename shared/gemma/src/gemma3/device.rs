@@ -21,6 +21,7 @@ use candle_nn::rotary_emb::rope_thd;
 
 use super::config::GemmaConfig;
 use super::device_cache::DeviceCache;
+use super::device_frame::{Context, Store};
 use super::device_step::StepShared;
 use super::forward::block_len;
 use super::head::TargetHead;
@@ -83,8 +84,8 @@ pub struct DeviceGemma3 {
     pub(super) layers: Vec<Layer>,
     pub(super) final_norm: Tensor,
     lm_head: Tensor,
-    rope_local: Rope,
-    rope_global: Rope,
+    pub(super) rope_local: Rope,
+    pub(super) rope_global: Rope,
     /// What fixed-shape steps share: rotation tables on the device and caches to reuse
     /// (`None` with graphs off).
     pub(super) steps: Option<StepShared>,
@@ -515,101 +516,6 @@ impl Loader<'_> {
             down: self.matrix(&[at(Down)])?,
             post_ffn_norm: self.vector(at(PostFfnNorm))?,
             sliding: self.cfg.is_sliding(i),
-        })
-    }
-}
-
-/// Where a layer puts a block's keys and values in its cache, and which cached positions it
-/// attends to.
-pub(super) enum Store {
-    /// At positions `pos..pos + m`, attending to the first `pos + m`.
-    Append(usize),
-    /// At the positions `index` holds (`[b, m, kv_heads, head_dim]`, each row its
-    /// position), attending to the first `span` (the mask hides the rest).
-    Scatter { index: Tensor, span: usize },
-}
-
-impl Store {
-    /// Stores `k` and `v` (`[b, m, kv_heads, head_dim]`) in the layer's cache `kv` and
-    /// returns the keys and values to attend to.
-    fn put(
-        &self,
-        (keys, values): (&Tensor, &Tensor),
-        k: &Tensor,
-        v: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
-        let len = match self {
-            Store::Append(pos) => {
-                keys.slice_set(k, 1, *pos)?;
-                values.slice_set(v, 1, *pos)?;
-                pos + k.dim(1)?
-            }
-            Store::Scatter { index, span } => {
-                keys.scatter_set(index, &k.contiguous()?, 1)?;
-                values.scatter_set(index, &v.contiguous()?, 1)?;
-                *span
-            }
-        };
-        Ok((keys.narrow(1, 0, len)?, values.narrow(1, 0, len)?))
-    }
-}
-
-/// What every layer of one forward shares: rotation tables and attention masks for the
-/// block's positions.
-pub(super) struct Context {
-    pub(super) m: usize,
-    /// Sequences.
-    pub(super) b: usize,
-    pub(super) local: (Tensor, Tensor),
-    pub(super) global: (Tensor, Tensor),
-    /// `[m * heads / kv_heads, keys]` additive masks, rows position-major (`None`: every
-    /// key visible).
-    pub(super) local_mask: Option<Tensor>,
-    pub(super) global_mask: Option<Tensor>,
-}
-
-impl Context {
-    fn new(model: &DeviceGemma3, pos: usize, m: usize, b: usize) -> Result<Self> {
-        let tables = |rope: &Rope| -> Result<(Tensor, Tensor)> {
-            let (mut cos, mut sin) = (Vec::new(), Vec::new());
-            for p in pos..pos + m {
-                let (c, s) = rope.cos_sin(p);
-                cos.extend(c);
-                sin.extend(s);
-            }
-            let half = model.cfg.head_dim / 2;
-            Ok((model.upload(cos, (m, half))?, model.upload(sin, (m, half))?))
-        };
-        let group = model.cfg.num_attention_heads / model.cfg.num_key_value_heads;
-        let mask = |window: Option<usize>| -> Result<Option<Tensor>> {
-            let len = pos + m;
-            let visible = |r: usize, j: usize| {
-                let p = pos + r;
-                j <= p && window.is_none_or(|w| j + w > p)
-            };
-            if (0..m).all(|r| (0..len).all(|j| visible(r, j))) {
-                return Ok(None);
-            }
-            let rows: Vec<f32> = (0..group * m)
-                .flat_map(|i| (0..len).map(move |j| (i / group, j)))
-                .map(|(r, j)| {
-                    if visible(r, j) {
-                        0.0
-                    } else {
-                        f32::NEG_INFINITY
-                    }
-                })
-                .collect();
-            let t = Tensor::from_vec(rows, (group * m, len), &Device::Cpu)?;
-            Ok(Some(t.to_device(&model.opts.device)?))
-        };
-        Ok(Self {
-            m,
-            b,
-            local: tables(&model.rope_local)?,
-            global: tables(&model.rope_global)?,
-            local_mask: mask(Some(model.cfg.sliding_window))?,
-            global_mask: mask(None)?,
         })
     }
 }

@@ -31,8 +31,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use candle_core::{DType, Device, Tensor};
 
 use super::config::GemmaConfig;
-use super::device::{Context, DeviceGemma3, DeviceOptions, Store};
+use super::device::{DeviceGemma3, DeviceOptions};
 use super::device_cache::DeviceCache;
+use super::device_frame::{Context, Store};
 use super::model::{ForwardOptions, ForwardOutput, LogitsMode};
 use super::step_clock::StepClock;
 use crate::error::Result;

@@ -9,6 +9,7 @@ mod config;
 mod convert;
 mod device;
 mod device_cache;
+mod device_frame;
 mod device_step;
 mod forward;
 pub(crate) mod gguf_config;
