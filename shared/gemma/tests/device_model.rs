@@ -260,9 +260,9 @@ fn kv_bytes_follow_the_dtype() {
 
 /// Fixed-shape steps (what a GPU replays as CUDA graphs; here op by op) against the plain
 /// forward on the same weights: a 40-token prompt (op by op into the fixed cache), blocks of
-/// 1..=9 tokens to 300 positions (spans 256 and 512, across the window) each after a wrong
-/// block rolled back, with taps and all logits; then a second sequence in the first one's
-/// storage, whose stale keys must stay hidden.
+/// 1..=9 tokens (padded to 1, 2, 4, 8 or 9 rows) to 300 positions (spans 256 and 512, across
+/// the window) each after a wrong block rolled back, with taps and all logits; then a second
+/// sequence in the first one's storage, whose stale keys and padding must stay hidden.
 #[test]
 fn fixed_shape_steps_match_the_plain_forward() {
     let cfg = tiny_config();

@@ -20,9 +20,12 @@
 //! counts (their keys and values land past the committed positions, where nothing attends
 //! to them before a later block overwrites them), so that a few steps serve every block
 //! length. A step is keyed by its rows, span and taps; its first run goes op by op and is
-//! then captured (CUDA only); later runs replay the graph. On other devices the steps run op by
-//! op, which is how the tests check them against the plain forward. A capture that fails
+//! then captured (CUDA only); later runs replay the graph. On other devices the steps run
+//! op by op, which is how the tests check them against the plain forward. A capture that fails
 //! leaves its step op by op, with a warning.
+//!
+//! Measured on an H100 in bf16 (docs/performance/2026-12-05-gpu-graphs-h100.md): a decode
+//! step replayed in 1.1 ms, 20–35 µs of it host work, against 3.4–3.7 ms launched op by op.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
