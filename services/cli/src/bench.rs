@@ -285,11 +285,9 @@ fn block_costs(
     for &b in &a.blocks {
         let block = &ids[a.context..a.context + b];
         let (mut all, mut greedy) = (Vec::new(), Vec::new());
-        // Warm-up: a device target captures a step's graph at its second run.
-        for _ in 0..2 {
-            seq.forward(block, a.context, LogitsMode::All, &no_taps)?;
-            seq.truncate(a.context)?;
-        }
+        // Warm-up: a device target runs a step's first run op by op, then captures it.
+        seq.forward(block, a.context, LogitsMode::All, &no_taps)?;
+        seq.truncate(a.context)?;
         StepSplit::take();
         for _ in 0..a.repeats.max(5) {
             for (mode, times) in [

@@ -12,10 +12,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::Args;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tandem_core::{SamplingParams, SnapshotSpec, Verification};
 use tandem_engine::Engine;
-use tandem_gemma::LogitsMode;
+use tandem_gemma::{GoldenFixture, LogitsMode};
 
 use crate::bench_spec::{decode_local, Decode};
 use crate::drafter::DrafterArgs;
@@ -49,20 +49,6 @@ pub struct GoldenArgs {
     models: ModelArgs,
 }
 
-#[derive(Deserialize)]
-struct Fixture {
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    name: String,
-    prompt_ids: Vec<u32>,
-    generated_ids: Vec<u32>,
-    step_margins: Vec<f32>,
-    first_logits_top: Vec<(u32, f32)>,
-}
-
 #[derive(Serialize)]
 struct CaseReport {
     name: String,
@@ -91,7 +77,7 @@ struct GoldenReport {
 pub fn run(a: GoldenArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.fixture)
         .with_context(|| format!("reading {}", a.fixture.display()))?;
-    let mut fixture: Fixture = serde_json::from_str(&text)
+    let mut fixture: GoldenFixture = serde_json::from_str(&text)
         .with_context(|| format!("{} is not a golden fixture", a.fixture.display()))?;
     fixture.cases.truncate(a.cases.unwrap_or(usize::MAX));
     if fixture.cases.is_empty() || a.gamma == 0 {
@@ -102,12 +88,10 @@ pub fn run(a: GoldenArgs) -> Result<()> {
     let mut worst_first_logit = 0f32;
     for case in &fixture.cases {
         let first = first_logits(&engine, &case.prompt_ids)?;
-        for (id, logit) in &case.first_logits_top {
-            let ours = first
-                .get(*id as usize)
-                .context("a reference id past the vocabulary")?;
-            worst_first_logit = worst_first_logit.max((ours - logit).abs());
-        }
+        let error = case
+            .first_logit_error(&first)
+            .context("a reference id past the vocabulary")?;
+        worst_first_logit = worst_first_logit.max(error);
     }
     let near_tie = a.near_tie.unwrap_or(2.0 * worst_first_logit);
     let mut cases = Vec::new();

@@ -15,6 +15,7 @@ mod error;
 mod gemma3;
 pub mod gemma4;
 mod gguf;
+mod golden;
 mod launch;
 mod ledger;
 mod loader;
@@ -30,6 +31,7 @@ pub use gemma3::{
     StepProfile, TargetHead, Weight, MAX_STEP_ROWS, STEP_POSITIONS,
 };
 pub use gguf::inspect_gguf;
+pub use golden::{GoldenCase, GoldenFixture};
 pub use launch::{argmax_rows, prepare_device, rms_norm, with_cached_layouts};
 pub use loader::verify_sha256;
 pub use tandem_kernels::TopRow;

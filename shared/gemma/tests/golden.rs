@@ -14,24 +14,8 @@ mod common;
 use std::sync::OnceLock;
 
 use common::*;
-use serde::Deserialize;
-use tandem_gemma::{Gemma3, LoadOptions, Precision};
+use tandem_gemma::{Gemma3, GoldenFixture, LoadOptions, Precision};
 use tandem_testkit::real_gguf;
-
-#[derive(Deserialize)]
-struct Golden {
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    name: String,
-    prompt_ids: Vec<u32>,
-    generated_ids: Vec<u32>,
-    /// The reference's top-1 minus top-2 logit at each generated step.
-    step_margins: Vec<f32>,
-    first_logits_top: Vec<(u32, f32)>,
-}
 
 /// How one model fared on one fixture.
 struct Outcome {
@@ -42,7 +26,7 @@ struct Outcome {
 }
 
 fn check(model: &Gemma3, fixture: &str, near_tie: f32) -> Outcome {
-    let golden: Golden = serde_json::from_str(fixture).expect("fixture");
+    let golden: GoldenFixture = serde_json::from_str(fixture).expect("fixture");
     let mut compared = Vec::new();
     let mut worst_logit = 0f32;
     for case in &golden.cases {
@@ -59,9 +43,10 @@ fn check(model: &Gemma3, fixture: &str, near_tie: f32) -> Outcome {
             "{}: greedy ids differ from the reference",
             case.name
         );
-        for (id, logit) in &case.first_logits_top {
-            worst_logit = worst_logit.max((first[*id as usize] - logit).abs());
-        }
+        let error = case
+            .first_logit_error(&first)
+            .expect("reference ids in the vocabulary");
+        worst_logit = worst_logit.max(error);
         compared.push((case.name.clone(), upto));
     }
     Outcome {
