@@ -79,7 +79,7 @@ pub(super) struct Layer {
 /// A Gemma 3 text model on a candle device. Immutable and shareable across threads.
 pub struct DeviceGemma3 {
     pub(super) cfg: GemmaConfig,
-    pub(super) head: TargetHead,
+    head: TargetHead,
     pub(super) opts: DeviceOptions,
     pub(super) layers: Vec<Layer>,
     pub(super) final_norm: Tensor,
@@ -290,13 +290,8 @@ impl DeviceGemma3 {
         cache: &mut DeviceCache,
         tap_layers: &[usize],
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        let (rows_n, h) = (tokens.len(), self.cfg.hidden_size);
-        let m = rows_n / b;
-        let mut rows = vec![0f32; rows_n * h];
-        for (row, t) in rows.chunks_exact_mut(h).zip(tokens) {
-            self.head.embed_into(*t, row)?;
-        }
-        let mut x = self.upload(rows, (rows_n, h))?;
+        let m = tokens.len() / b;
+        let mut x = self.embed(tokens, tokens.len())?;
         let ctx = Context::new(self, pos, m, b)?;
         let store = Store::Append(pos);
         let mut taps: Vec<Option<Tensor>> = vec![None; tap_layers.len()];
@@ -339,6 +334,17 @@ impl DeviceGemma3 {
             ))),
             None => Ok(()),
         }
+    }
+
+    /// `[rows, hidden]` input rows on the device: the embeddings of `tokens` (computed on
+    /// the host), then zero rows.
+    pub(super) fn embed(&self, tokens: &[u32], rows: usize) -> Result<Tensor> {
+        let h = self.cfg.hidden_size;
+        let mut x = vec![0f32; rows * h];
+        for (row, t) in x.chunks_exact_mut(h).zip(tokens) {
+            self.head.embed_into(*t, row)?;
+        }
+        self.upload(x, (rows, h))
     }
 
     pub(super) fn upload(&self, data: Vec<f32>, shape: (usize, usize)) -> Result<Tensor> {

@@ -284,14 +284,9 @@ impl DeviceGemma3 {
     /// The block's embedded rows and positions on the device, padded to `rows` with zero
     /// rows at the positions that follow.
     fn step_inputs(&self, tokens: &[u32], pos: usize, rows: usize) -> Result<(Tensor, Tensor)> {
-        let h = self.cfg.hidden_size;
-        let mut x = vec![0f32; rows * h];
-        for (row, t) in x.chunks_exact_mut(h).zip(tokens) {
-            self.head.embed_into(*t, row)?;
-        }
         let positions: Vec<u32> = (pos..pos + rows).map(|p| p as u32).collect();
         Ok((
-            self.upload(x, (rows, h))?,
+            self.embed(tokens, rows)?,
             Tensor::new(positions.as_slice(), &self.opts.device)?,
         ))
     }
