@@ -76,6 +76,11 @@ pub(crate) struct RopeAngles {
 }
 
 impl RopeAngles {
+    /// The cosines and the sines, each position-major `[positions, head_dim / 2]`.
+    pub(crate) fn into_tables(self) -> (Vec<f32>, Vec<f32>) {
+        (self.cos, self.sin)
+    }
+
     /// Rotates each head of `row`, the `r`-th of the positions.
     pub(crate) fn apply(&self, row: &mut [f32], r: usize) {
         let half = self.half;

@@ -62,12 +62,7 @@ impl Context {
     /// The rotations and masks of `b` sequences' blocks of `m` positions from `pos`.
     pub(super) fn new(model: &DeviceGemma3, pos: usize, m: usize, b: usize) -> Result<Self> {
         let tables = |rope: &Rope| -> Result<(Tensor, Tensor)> {
-            let (mut cos, mut sin) = (Vec::new(), Vec::new());
-            for p in pos..pos + m {
-                let (c, s) = rope.cos_sin(p);
-                cos.extend(c);
-                sin.extend(s);
-            }
+            let (cos, sin) = rope.angles(pos, m).into_tables();
             let half = model.cfg.head_dim / 2;
             Ok((model.upload(cos, (m, half))?, model.upload(sin, (m, half))?))
         };

@@ -75,9 +75,9 @@ impl StepShared {
         let positions = STEP_POSITIONS.min(cfg.max_position_embeddings);
         let half = cfg.head_dim / 2;
         let table = |rope: &Rope| -> Result<(Tensor, Tensor)> {
-            let (cos, sin): (Vec<_>, Vec<_>) = (0..positions).map(|p| rope.cos_sin(p)).unzip();
-            let put = |rows: Vec<Vec<f32>>| -> Result<Tensor> {
-                let t = Tensor::from_vec(rows.concat(), (positions, half), &Device::Cpu)?;
+            let (cos, sin) = rope.angles(0, positions).into_tables();
+            let put = |rows: Vec<f32>| -> Result<Tensor> {
+                let t = Tensor::from_vec(rows, (positions, half), &Device::Cpu)?;
                 Ok(t.to_dtype(opts.dtype)?.to_device(&opts.device)?)
             };
             Ok((put(cos)?, put(sin)?))
