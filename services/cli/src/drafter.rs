@@ -99,17 +99,18 @@ impl DrafterArgs {
         }
     }
 
-    /// The drafter as a proposer over `head`, on `device` (the host when `None`).
+    /// The drafter as a proposer over `head`, on `device` (the host when `None`; the flag
+    /// says whether its steps are captured as CUDA graphs there).
     pub fn proposer(
         &self,
         head: &TargetHead,
-        device: Option<&Device>,
+        device: Option<(&Device, bool)>,
     ) -> Result<Arc<dyn Proposer>> {
         let model = self.load(head)?;
         let (lookup, calibration) = (!self.no_lookup, self.calibration()?);
         Ok(match device {
-            Some(d) => Arc::new(
-                DsparkProposer::on_device(model, head, d)?
+            Some((d, graphs)) => Arc::new(
+                DsparkProposer::on_device(model, head, d, graphs)?
                     .with_lookup(lookup)
                     .with_calibration(calibration),
             ),
@@ -183,9 +184,10 @@ impl DrafterArgs {
             Some(h) => h,
             None => models.load_head()?,
         };
+        let device = models.candle_device()?;
         Ok(LoadedDrafter {
             target: head.identity()?,
-            proposer: self.proposer(&head, models.candle_device()?.as_ref())?,
+            proposer: self.proposer(&head, device.as_ref().map(|d| (d, models.cuda_graphs)))?,
             kind: "dspark",
         })
     }

@@ -142,7 +142,7 @@ impl BlockDrafter for BatchedDrafter {
 
     fn draft(
         &self,
-        ctx: &BatchedContext,
+        ctx: &mut BatchedContext,
         req: &DraftRequest,
         s: &mut Sampler,
     ) -> Result<DraftBlock> {

@@ -5,13 +5,17 @@
 //! H200 beside the GPU target, drafting took 3.3–4.2 ms a round on its host CPU and
 //! 1.1–1.5 ms here.
 //!
-//! A session's projected context stays on the device ([`DeviceContext`]). Per block the
-//! anchor's input rows go up once; a greedy block runs its whole Markov pass on the device
-//! and sends its γ picks back in one copy, a sampled one sends each position's logits row
-//! back and draws on the host as the host drafter does ([`crate::draft`]), so a block is
-//! the same up to float rounding.
+//! A session's projected context stays on the device ([`DeviceContext`]). Appending rows
+//! and drafting a block run as fixed-shape steps over it, replayed as CUDA graphs on a
+//! CUDA GPU ([`crate::device_context`]). Per block the anchor's input rows go up once; a
+//! greedy block runs its whole Markov pass on the device and sends its γ picks back in one
+//! copy, a sampled one sends each position's logits row back and draws on the host as the
+//! host drafter does ([`crate::draft`]), so a block is the same up to float rounding.
 
-use candle_core::{Device, Tensor};
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
 use candle_nn::ops::softmax_last_dim;
 use tandem_core::{distribution, DraftBlock, Sampler, SparseDist};
 use tandem_gemma::{rms_norm, with_cached_layouts, TargetHead};
@@ -19,11 +23,19 @@ use tandem_gemma::{rms_norm, with_cached_layouts, TargetHead};
 use crate::backbone::softcap;
 use crate::batch::{sample_blocks, MarkovRow};
 use crate::config::DraftVocab;
+use crate::device_context::{
+    extend_rows, span_of, BlockIo, BlockStep, DeviceContext, ExtendStep, StoragePool,
+    MAX_EXTEND_ROWS,
+};
 use crate::draft::{check_request, whole_rows, DraftRequest};
 use crate::error::{DsparkError, Result};
 use crate::frozen::BlockHeads;
 use crate::model::Dspark;
 use crate::params::LayerParams;
+
+/// What a masked attention score gets added (finite, so that masks are made by
+/// arithmetic; its exponential is exactly zero next to any visible score).
+const MASKED: f64 = -1e30;
 
 /// One backbone layer's weights on the device, stored `[in, out]`.
 struct DeviceLayer {
@@ -62,30 +74,21 @@ pub struct DeviceDrafter {
     vocab_size: usize,
     row_width: usize,
     device: Device,
-}
-
-/// One session's projected context on the device: each layer's keys and values `[L, d]`.
-pub struct DeviceContext {
-    layers: Vec<Option<(Tensor, Tensor)>>,
-    len: usize,
-}
-
-impl DeviceContext {
-    /// Number of context positions received.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether no position was received yet.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
+    /// Whether fixed-shape steps are captured as CUDA graphs (on a CUDA device).
+    graphs: bool,
+    pool: Arc<StoragePool>,
 }
 
 impl Dspark {
-    /// The drafter frozen for inference on `device` through `head`. Fails with
+    /// The drafter frozen for inference on `device` through `head`, its fixed-shape steps
+    /// captured as CUDA graphs where `graphs` is on and `device` is a CUDA GPU. Fails with
     /// [`DsparkError::TargetMismatch`] when `head` belongs to another target.
-    pub fn device_drafter(&self, head: &TargetHead, device: &Device) -> Result<DeviceDrafter> {
+    pub fn device_drafter(
+        &self,
+        head: &TargetHead,
+        device: &Device,
+        graphs: bool,
+    ) -> Result<DeviceDrafter> {
         self.check_target(head)?;
         let put =
             |t: &Tensor| -> Result<Tensor> { Ok(t.detach().contiguous()?.to_device(device)?) };
@@ -122,6 +125,8 @@ impl Dspark {
             vocab_size: self.dims.vocab,
             row_width: self.row_width(),
             device: device.clone(),
+            graphs,
+            pool: StoragePool::new(p.layers.len(), self.cfg.d_draft, device),
         })
     }
 }
@@ -134,58 +139,86 @@ impl DeviceDrafter {
 
     /// An empty context for one session.
     pub fn new_context(&self) -> DeviceContext {
-        DeviceContext {
-            layers: self.layers.iter().map(|_| None).collect(),
-            len: 0,
-        }
+        DeviceContext::new(&self.pool)
     }
 
     /// Appends snapshot rows (row-major, [`Self::row_width`] floats each) of the next
     /// committed positions: projects them once into every layer's keys and values.
     pub fn extend(&self, ctx: &mut DeviceContext, rows: &[f32]) -> Result<()> {
-        let n = whole_rows(rows, self.row_width, ctx.layers.len() == self.layers.len())?;
-        if n == 0 {
-            return Ok(());
+        self.check_context(ctx)?;
+        whole_rows(rows, self.row_width, true)?;
+        for chunk in rows.chunks(MAX_EXTEND_ROWS * self.row_width) {
+            self.extend_step(ctx, chunk)?;
         }
-        let taps = Tensor::from_slice(rows, (n, self.row_width), &self.device)?;
-        let d = self.out_norm.dim(0)?;
+        Ok(())
+    }
+
+    /// Fails unless `ctx` is one of this drafter's contexts.
+    fn check_context(&self, ctx: &DeviceContext) -> Result<()> {
+        match ctx.is_from(&self.pool) {
+            true => Ok(()),
+            false => Err(DsparkError::Invalid(
+                "the context belongs to another drafter".into(),
+            )),
+        }
+    }
+
+    /// Appends at most [`MAX_EXTEND_ROWS`] rows in one extend step.
+    fn extend_step(&self, ctx: &mut DeviceContext, rows: &[f32]) -> Result<()> {
+        let (w, dev) = (self.row_width, &self.device);
+        let (n, start) = (rows.len() / w, ctx.len());
+        let r = extend_rows(n);
+        let storage = ctx.storage_for(start + n)?;
+        let step = match storage.extends.entry(r) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(ExtendStep::new(r, w, dev)?),
+        };
+        let mut padded = rows.to_vec();
+        padded.resize(r * w, 0.0);
+        let positions: Vec<u32> = (start..start + r).map(|p| p as u32).collect();
+        step.taps
+            .slice_set(&Tensor::from_vec(padded, (r, w), dev)?, 0, 0)?;
+        step.pos.slice_set(&Tensor::new(positions, dev)?, 0, 0)?;
+        let (taps, pos) = (&step.taps, &step.pos);
+        let kv = (storage.k.as_slice(), storage.v.as_slice());
+        let what = || format!("a drafter extend step of {r} rows");
+        let body = || self.extend_body(taps, pos, kv);
+        step.replay.run(dev, self.graphs, what, body)?;
+        ctx.advance(n);
+        Ok(())
+    }
+
+    /// Projects the rows `taps` into every layer's keys and values `kv` at `pos`.
+    fn extend_body(&self, taps: &Tensor, pos: &Tensor, kv: (&[Tensor], &[Tensor])) -> Result<()> {
+        let (r, d) = (taps.dim(0)?, self.out_norm.dim(0)?);
         with_cached_layouts(&self.device, || -> Result<()> {
+            let index = pos.reshape((r, 1))?.broadcast_as((r, d))?.contiguous()?;
             let h = rms_norm(&taps.matmul(&self.w_c)?, &self.ctx_norm, self.eps)?;
-            for (l, kv) in self.layers.iter().zip(&mut ctx.layers) {
+            for (l, (k, v)) in self.layers.iter().zip(kv.0.iter().zip(kv.1)) {
                 let new = rms_norm(&h, &l.attn_norm, self.eps)?.matmul(&l.kv)?;
-                let (k, v) = (new.narrow(1, 0, d)?, new.narrow(1, d, d)?);
-                *kv = Some(match kv.take() {
-                    Some((ck, cv)) => (Tensor::cat(&[&ck, &k], 0)?, Tensor::cat(&[&cv, &v], 0)?),
-                    None => (k.contiguous()?, v.contiguous()?),
-                });
+                k.scatter_set(&index, &new.narrow(1, 0, d)?.contiguous()?, 0)?;
+                v.scatter_set(&index, &new.narrow(1, d, d)?.contiguous()?, 0)?;
             }
             Ok(())
-        })?;
-        ctx.len += n;
-        Ok(())
+        })
     }
 
     /// Drafts `req.gamma` tokens after `req.anchor`: greedy or sampled by `sampler`'s
     /// parameters, each token's distribution returned exactly (target ids).
     pub fn draft(
         &self,
-        ctx: &DeviceContext,
+        ctx: &mut DeviceContext,
         req: &DraftRequest,
         sampler: &mut Sampler,
     ) -> Result<DraftBlock> {
         check_request(*req, self.gamma, self.vocab_size)?;
-        let block = self.host.block(&self.target.embed(req.anchor)?)?;
+        self.check_context(ctx)?;
+        let step = &self.block_step(ctx, req.anchor)?.io;
         let d = self.out_norm.dim(0)?;
-        let block = Tensor::from_vec(block, (self.gamma, d), &self.device)?;
-        let (out, base) =
-            with_cached_layouts(&self.device, || self.backbone(ctx, block, req.gamma))?;
-        let out = out.flatten_all()?.to_vec1::<f32>()?;
+        let out = step.out.flatten_all()?.to_vec1::<f32>()?;
         let params = *sampler.params();
-        let anchor_row = self.vocab.markov_row(req.anchor);
         let picks = match params.is_greedy() {
-            true => Some(with_cached_layouts(&self.device, || {
-                self.greedy_chain(&base, anchor_row, req.gamma)
-            })?),
+            true => Some(step.picks.to_vec1::<u32>()?),
             false => None,
         };
         let blocks = sample_blocks(&self.vocab, &[*req], &mut [sampler], |rows| {
@@ -198,7 +231,7 @@ impl DeviceDrafter {
                 },
                 None => {
                     let logits = with_cached_layouts(&self.device, || {
-                        self.markov_logits(&base, k, &self.markov_w1.narrow(0, row, 1)?)
+                        self.markov_logits(&step.base, k, &self.markov_w1.narrow(0, row, 1)?)
                     })?;
                     distribution(&logits.to_vec1::<f32>()?, &params)
                 }
@@ -214,48 +247,83 @@ impl DeviceDrafter {
             .ok_or_else(|| DsparkError::Invalid("no block was drafted".into()))
     }
 
-    /// The greedy Markov pass on the device: each position's argmax (a draft index, which
-    /// is also the Markov row of that token) picks the next position's `W1` row there, so
-    /// the `gamma` picks come back in one copy.
-    fn greedy_chain(&self, base: &Tensor, anchor_row: usize, gamma: usize) -> Result<Vec<u32>> {
-        let mut e1 = self.markov_w1.narrow(0, anchor_row, 1)?;
-        let mut picks = Vec::with_capacity(gamma);
-        for k in 0..gamma {
+    /// Runs the block step after `anchor` over `ctx`: the configured block's final states,
+    /// base logits and greedy picks are in the returned step's outputs.
+    fn block_step<'c>(&self, ctx: &'c mut DeviceContext, anchor: u32) -> Result<&'c BlockStep> {
+        let dev = &self.device;
+        let (g, d, vd) = (self.gamma, self.out_norm.dim(0)?, self.head.dim(1)?);
+        let block = self.host.block(&self.target.embed(anchor)?)?;
+        let meta = [ctx.len() as u32, self.vocab.markov_row(anchor) as u32];
+        let span = span_of(ctx.len());
+        let storage = ctx.storage_for(ctx.len())?;
+        let step = match storage.blocks.entry(span) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(BlockStep::new(span, (g, d, vd), dev)?),
+        };
+        step.io
+            .block
+            .slice_set(&Tensor::from_vec(block, (g, d), dev)?, 0, 0)?;
+        step.io.meta.slice_set(&Tensor::new(&meta, dev)?, 0, 0)?;
+        let (io, kv) = (&step.io, (storage.k.as_slice(), storage.v.as_slice()));
+        let what = || format!("a drafter block over {span} context positions");
+        let body = || self.block_body(io, kv, span);
+        step.replay.run(dev, self.graphs, what, body)?;
+        Ok(step)
+    }
+
+    /// The block step's work over the first `span` positions of the context's keys and
+    /// values `kv`: what a graph captures.
+    fn block_body(&self, io: &BlockIo, kv: (&[Tensor], &[Tensor]), span: usize) -> Result<()> {
+        with_cached_layouts(&self.device, || -> Result<()> {
+            let len = io.meta.narrow(0, 0, 1)?.to_dtype(DType::F32)?;
+            let visible = io.keys.broadcast_lt(&len)?.to_dtype(DType::F32)?;
+            let mask = visible.affine(-MASKED, MASKED)?;
+            let mut h = io.block.clone();
+            for (l, (k, v)) in self.layers.iter().zip(kv.0.iter().zip(kv.1)) {
+                let ctx = (k.narrow(0, 0, span)?, v.narrow(0, 0, span)?);
+                h = self.layer(l, &h, ctx, &mask)?;
+            }
+            let out = rms_norm(&h, &self.out_norm, self.eps)?;
+            let base = out.matmul(&self.out_proj)?.matmul(&self.head)?;
+            let base = softcap(base, self.softcap)?;
+            io.out.slice_set(&out, 0, 0)?;
+            io.base.slice_set(&base, 0, 0)?;
+            let picks = self.greedy_chain(&base, &io.meta.narrow(0, 1, 1)?)?;
+            io.picks.slice_set(&picks, 0, 0)?;
+            Ok(())
+        })
+    }
+
+    /// The greedy Markov pass on the device, from the anchor's Markov row (`[1]` u32): each
+    /// position's argmax (a draft index, which is also the Markov row of that token) picks
+    /// the next position's `W1` row there. Returns the `[γ]` picks.
+    fn greedy_chain(&self, base: &Tensor, anchor_row: &Tensor) -> Result<Tensor> {
+        let mut e1 = self.markov_w1.index_select(anchor_row, 0)?;
+        let mut picks = Vec::with_capacity(self.gamma);
+        for k in 0..self.gamma {
             let pick = self.markov_logits(base, k, &e1)?.argmax_keepdim(0)?;
             e1 = self.markov_w1.index_select(&pick, 0)?;
             picks.push(pick);
         }
-        Ok(Tensor::cat(&picks, 0)?.to_vec1::<u32>()?)
+        Ok(Tensor::cat(&picks, 0)?)
     }
 
-    /// The backbone over the full configured block `h [γ, d]` (as trained): the final
-    /// states `[gamma, d]` and the base logits `[gamma, Vd]` of the first `gamma` positions.
-    fn backbone(
+    /// Eq. 3 plus the FFN: queries from the block `h`, keys and values from the context
+    /// `(k, v)` and the block, the block attending over both under the additive `mask`
+    /// (`[1, keys]`).
+    fn layer(
         &self,
-        ctx: &DeviceContext,
-        mut h: Tensor,
-        gamma: usize,
-    ) -> Result<(Tensor, Tensor)> {
-        for (l, kv) in self.layers.iter().zip(&ctx.layers) {
-            h = self.layer(l, &h, kv.as_ref())?;
-        }
-        let out = rms_norm(&h, &self.out_norm, self.eps)?.narrow(0, 0, gamma)?;
-        let base = out.matmul(&self.out_proj)?.matmul(&self.head)?;
-        Ok((out, softcap(base, self.softcap)?))
-    }
-
-    /// Eq. 3 plus the FFN: queries from the block, keys and values from context and block,
-    /// the block attending over both.
-    fn layer(&self, l: &DeviceLayer, h: &Tensor, ctx: Option<&(Tensor, Tensor)>) -> Result<Tensor> {
+        l: &DeviceLayer,
+        h: &Tensor,
+        (ck, cv): (Tensor, Tensor),
+        mask: &Tensor,
+    ) -> Result<Tensor> {
         let (g, d) = h.dims2()?;
         let hd = d / self.heads;
         let n = rms_norm(h, &l.attn_norm, self.eps)?;
         let kv = n.matmul(&l.kv)?;
-        let (k, v) = (kv.narrow(1, 0, d)?, kv.narrow(1, d, d)?);
-        let (k, v) = match ctx {
-            Some((ck, cv)) => (Tensor::cat(&[ck, &k], 0)?, Tensor::cat(&[cv, &v], 0)?),
-            None => (k, v),
-        };
+        let k = Tensor::cat(&[&ck, &kv.narrow(1, 0, d)?], 0)?;
+        let v = Tensor::cat(&[&cv, &kv.narrow(1, d, d)?], 0)?;
         let by_head = |x: &Tensor| -> Result<Tensor> {
             let rows = x.dim(0)?;
             Ok(x.reshape((rows, self.heads, hd))?
@@ -263,7 +331,7 @@ impl DeviceDrafter {
                 .contiguous()?)
         };
         let q = by_head(&n.matmul(&l.q)?)?;
-        let scores = q.matmul(&by_head(&k)?.t()?)?;
+        let scores = q.matmul(&by_head(&k)?.t()?)?.broadcast_add(mask)?;
         let attn = softmax_last_dim(&scores)?.matmul(&by_head(&v)?)?;
         let attn = attn.transpose(0, 1)?.reshape((g, d))?;
         let h = (h + attn.matmul(&l.o)?)?;

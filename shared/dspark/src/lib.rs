@@ -23,6 +23,7 @@ mod batched;
 mod checkpoint;
 mod config;
 mod device;
+mod device_context;
 mod draft;
 mod error;
 mod frozen;
@@ -38,7 +39,8 @@ pub use checkpoint::{
     MANIFEST,
 };
 pub use config::{DraftVocab, DsparkConfig, TargetDims};
-pub use device::{DeviceContext, DeviceDrafter};
+pub use device::DeviceDrafter;
+pub use device_context::DeviceContext;
 pub use draft::{ContextCache, DraftRequest, Drafter, ScoredBlock};
 pub use error::{DsparkError, Result};
 pub use model::Dspark;

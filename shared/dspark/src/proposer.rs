@@ -22,7 +22,8 @@ use tandem_core::{
 use tandem_gemma::TargetHead;
 
 use crate::batched::{BatchedDrafter, DraftBatching};
-use crate::device::{DeviceContext, DeviceDrafter};
+use crate::device::DeviceDrafter;
+use crate::device_context::DeviceContext;
 use crate::draft::{ContextCache, DraftRequest, Drafter};
 use crate::error::{DsparkError, Result};
 use crate::model::Dspark;
@@ -44,8 +45,12 @@ pub trait BlockDrafter: Send + Sync + 'static {
     /// Appends the rows of the next committed positions.
     fn extend(&self, ctx: &mut Self::Context, rows: &[f32]) -> Result<()>;
     /// Drafts a block.
-    fn draft(&self, ctx: &Self::Context, req: &DraftRequest, s: &mut Sampler)
-        -> Result<DraftBlock>;
+    fn draft(
+        &self,
+        ctx: &mut Self::Context,
+        req: &DraftRequest,
+        s: &mut Sampler,
+    ) -> Result<DraftBlock>;
     /// Has `observer` told of every batched step; false where sessions draft alone.
     fn observe_steps(&self, _observer: Arc<dyn StepObserver>) -> bool {
         false
@@ -66,7 +71,12 @@ impl BlockDrafter for Drafter {
     fn extend(&self, ctx: &mut ContextCache, rows: &[f32]) -> Result<()> {
         Drafter::extend(self, ctx, rows)
     }
-    fn draft(&self, ctx: &ContextCache, req: &DraftRequest, s: &mut Sampler) -> Result<DraftBlock> {
+    fn draft(
+        &self,
+        ctx: &mut ContextCache,
+        req: &DraftRequest,
+        s: &mut Sampler,
+    ) -> Result<DraftBlock> {
         Drafter::draft(self, ctx, req, s)
     }
 }
@@ -87,7 +97,7 @@ impl BlockDrafter for DeviceDrafter {
     }
     fn draft(
         &self,
-        ctx: &DeviceContext,
+        ctx: &mut DeviceContext,
         req: &DraftRequest,
         s: &mut Sampler,
     ) -> Result<DraftBlock> {
@@ -129,9 +139,15 @@ impl DsparkProposer<BatchedDrafter> {
 }
 
 impl DsparkProposer<DeviceDrafter> {
-    /// A proposer for `model` drafting on `device` through `target`'s head.
-    pub fn on_device(model: Arc<Dspark>, target: &TargetHead, device: &Device) -> Result<Self> {
-        Self::with(model.device_drafter(target, device)?, &model)
+    /// A proposer for `model` drafting on `device` through `target`'s head, its steps
+    /// captured as CUDA graphs where `graphs` is on and `device` is a CUDA GPU.
+    pub fn on_device(
+        model: Arc<Dspark>,
+        target: &TargetHead,
+        device: &Device,
+        graphs: bool,
+    ) -> Result<Self> {
+        Self::with(model.device_drafter(target, device, graphs)?, &model)
     }
 }
 
@@ -267,7 +283,7 @@ impl<D: BlockDrafter> ProposerSession for DsparkSession<D> {
                     gamma: req.gamma,
                 };
                 self.drafter
-                    .draft(&self.cache, &draft, &mut self.sampler)
+                    .draft(&mut self.cache, &draft, &mut self.sampler)
                     .map_err(to_propose_error)?
             }
         };

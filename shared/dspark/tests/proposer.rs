@@ -31,11 +31,21 @@ fn rows(start: usize, n: usize, width: usize, seed: u64) -> SnapshotRows {
 
 /// Runs a session: three rounds of extend + propose; returns the blocks.
 fn session(p: &dyn Proposer, params: SamplingParams) -> Vec<tandem_core::DraftBlock> {
+    session_of(p, params, &[5, 2, 4])
+}
+
+/// Runs a session of rounds that each append `extends[i]` rows and propose; returns the
+/// blocks.
+fn session_of(
+    p: &dyn Proposer,
+    params: SamplingParams,
+    extends: &[usize],
+) -> Vec<tandem_core::DraftBlock> {
     let w = p.snapshot_spec().row_width();
     let mut s = p.open(&params).expect("open");
     let mut blocks = Vec::new();
     let mut pos = 0;
-    for (round, n) in [5usize, 2, 4].into_iter().enumerate() {
+    for (round, &n) in extends.iter().enumerate() {
         s.extend(&rows(pos, n, w, round as u64)).expect("extend");
         pos += n;
         let req = ProposeRequest {
@@ -191,8 +201,11 @@ fn assert_same_blocks(a: &[DraftBlock], b: &[DraftBlock]) {
     }
 }
 
-/// The device drafter (here on candle's CPU backend) drafts the host drafter's blocks,
-/// greedy and sampled, with and without a draft vocabulary, with and without context.
+/// The device drafter (here on candle's CPU backend, its fixed-shape steps op by op)
+/// drafts the host drafter's blocks, greedy and sampled, with and without a draft
+/// vocabulary, with and without context; over a context that outgrows its first storage
+/// (more than 256 positions, appended in runs longer than one extend step) too, and in a
+/// second session reusing the first's storage.
 #[test]
 fn device_drafting_matches_the_host_drafter() {
     let head = tiny_head(1);
@@ -203,9 +216,17 @@ fn device_drafting_matches_the_host_drafter() {
     for cfg in [tiny_config(), vocab] {
         let model = Arc::new(busy_drafter(cfg, &head, 3));
         let host = DsparkProposer::new(Arc::clone(&model), &head).expect("host");
-        let device = DsparkProposer::on_device(model, &head, &Device::Cpu).expect("device");
+        let device = DsparkProposer::on_device(model, &head, &Device::Cpu, true).expect("device");
         for params in [SamplingParams::default(), sampled(7)] {
             assert_same_blocks(&session(&host, params), &session(&device, params));
+            let long = [40, 1, 230, 9, 3];
+            for _ in 0..2 {
+                let (a, b) = (
+                    session_of(&host, params, &long),
+                    session_of(&device, params, &long),
+                );
+                assert_same_blocks(&a, &b);
+            }
             let req = ProposeRequest {
                 anchor: 2,
                 position: 0,

@@ -16,6 +16,7 @@ mod gemma3;
 pub mod gemma4;
 mod gguf;
 mod golden;
+mod graph;
 mod launch;
 mod ledger;
 mod loader;
@@ -32,6 +33,7 @@ pub use gemma3::{
 };
 pub use gguf::inspect_gguf;
 pub use golden::{GoldenCase, GoldenFixture};
+pub use graph::Replayed;
 pub use launch::{argmax_rows, prepare_device, rms_norm, with_cached_layouts};
 pub use loader::verify_sha256;
 pub use tandem_kernels::TopRow;

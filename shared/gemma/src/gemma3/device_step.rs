@@ -40,6 +40,7 @@ use super::device_frame::{Context, Store};
 use super::model::{ForwardOptions, ForwardOutput, LogitsMode};
 use super::step_clock::StepClock;
 use crate::error::Result;
+use crate::graph::Replayed;
 use crate::launch::{rms_norm, with_cached_layouts};
 use crate::ops::Rope;
 
@@ -134,6 +135,12 @@ struct StepKey {
 /// captured.
 struct FixedStep {
     key: StepKey,
+    io: StepIo,
+    replay: Replayed,
+}
+
+/// A fixed-shape step's inputs and outputs.
+struct StepIo {
     /// `[rows, hidden]` embedded rows.
     x: Tensor,
     /// `[rows]` u32 positions.
@@ -143,9 +150,6 @@ struct FixedStep {
     /// `[rows, hidden]` final-norm rows.
     normed: Tensor,
     taps: Vec<Tensor>,
-    graph: Option<Graph>,
-    /// Whether capture was tried (once, after the first run).
-    tried: bool,
 }
 
 impl FixedStep {
@@ -155,7 +159,7 @@ impl FixedStep {
         let keys = Tensor::arange(0u32, key.span as u32, dev)?
             .to_dtype(DType::F32)?
             .reshape((1, key.span))?;
-        Ok(Self {
+        let io = StepIo {
             x: Tensor::zeros(rows, dtype, dev)?,
             pos: Tensor::zeros(key.rows, DType::U32, dev)?,
             keys,
@@ -163,9 +167,11 @@ impl FixedStep {
             taps: (0..key.taps.len())
                 .map(|_| Tensor::zeros(rows, dtype, dev))
                 .collect::<candle_core::Result<_>>()?,
-            graph: None,
-            tried: false,
+        };
+        Ok(Self {
             key,
+            io,
+            replay: Replayed::default(),
         })
     }
 }
@@ -256,23 +262,16 @@ impl DeviceGemma3 {
                 e.insert(step)
             }
         };
-        step.x.slice_set(&x, 0, 0)?;
-        step.pos.slice_set(&positions, 0, 0)?;
+        step.io.x.slice_set(&x, 0, 0)?;
+        step.io.pos.slice_set(&positions, 0, 0)?;
         if let Some(clock) = clock.as_mut() {
             clock.mark(dev);
         }
-        let replayed = step.graph.is_some();
-        match &step.graph {
-            Some(graph) => graph.launch()?,
-            None => {
-                self.step_body(step, kv)?;
-                if !step.tried {
-                    step.tried = true;
-                    step.graph = self.capture(step, kv);
-                }
-            }
-        }
-        let out = self.step_output(step, m, opts)?;
+        let (key, io) = (&step.key, &step.io);
+        let what = || format!("a target step of {} rows over {}", key.rows, key.span);
+        let body = || self.step_body(key, io, kv);
+        let replayed = step.replay.run(dev, true, what, body)?;
+        let out = self.step_output(io, m, opts)?;
         if let Some(mut clock) = clock {
             clock.mark(dev);
             clock.finish(replayed);
@@ -293,11 +292,16 @@ impl DeviceGemma3 {
 
     /// The layers over the step's inputs, into its outputs and the cache `(k, v)`: what a
     /// graph captures.
-    fn step_body(&self, step: &FixedStep, (k, v): (&[Tensor], &[Tensor])) -> Result<()> {
+    fn step_body(
+        &self,
+        key: &StepKey,
+        step: &StepIo,
+        (k, v): (&[Tensor], &[Tensor]),
+    ) -> Result<()> {
         with_cached_layouts(&self.opts.device, || -> Result<()> {
-            let (ctx, store) = self.step_context(step)?;
+            let (ctx, store) = self.step_context(key, step)?;
             let tap = |i: usize, x: &Tensor| -> Result<()> {
-                for (out, t) in step.taps.iter().zip(&step.key.taps) {
+                for (out, t) in step.taps.iter().zip(&key.taps) {
                     if *t == i {
                         out.slice_set(x, 0, 0)?;
                     }
@@ -317,10 +321,10 @@ impl DeviceGemma3 {
 
     /// Rotations, masks and the scatter index of a step, computed on the device from its
     /// positions.
-    fn step_context(&self, step: &FixedStep) -> Result<(Context, Store)> {
+    fn step_context(&self, key: &StepKey, step: &StepIo) -> Result<(Context, Store)> {
         let shared = self.steps.as_ref().expect("graphs on");
         let cfg = &self.cfg;
-        let (m, span) = (step.key.rows, step.key.span);
+        let (m, span) = (key.rows, key.span);
         let (nkv, hd) = (cfg.num_key_value_heads, cfg.head_dim);
         let group = cfg.num_attention_heads / nkv;
         let gather = |(cos, sin): &(Tensor, Tensor)| -> Result<(Tensor, Tensor)> {
@@ -363,12 +367,7 @@ impl DeviceGemma3 {
     /// The outputs of a step's first `m` rows (the block's, without padding) as
     /// [`DeviceGemma3::forward`] returns them (copies: the next run of the step overwrites
     /// its tensors).
-    fn step_output(
-        &self,
-        step: &FixedStep,
-        m: usize,
-        opts: &ForwardOptions,
-    ) -> Result<ForwardOutput> {
+    fn step_output(&self, step: &StepIo, m: usize, opts: &ForwardOptions) -> Result<ForwardOutput> {
         let host = |t: &Tensor| -> Result<Tensor> {
             Ok(t.narrow(0, 0, m)?
                 .to_dtype(DType::F32)?
@@ -386,72 +385,5 @@ impl DeviceGemma3 {
             taps: step.taps.iter().map(host).collect::<Result<_>>()?,
             last_hidden: host(&step.normed)?,
         })
-    }
-
-    /// Captures a step's body as a CUDA graph (`None` on other devices, or where capture
-    /// fails, with a warning: the step then runs op by op).
-    #[cfg(feature = "cuda")]
-    fn capture(&self, step: &FixedStep, kv: (&[Tensor], &[Tensor])) -> Option<Graph> {
-        use candle_core::cuda::cudarc::driver::sys;
-        let Device::Cuda(cuda) = &self.opts.device else {
-            return None;
-        };
-        let stream = cuda.cuda_stream();
-        let captured = (|| -> std::result::Result<_, String> {
-            let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-            stream.begin_capture(mode).map_err(|e| e.to_string())?;
-            let body = self.step_body(step, kv);
-            let flags = sys::CUgraphInstantiate_flags(0);
-            let graph = stream.end_capture(flags).map_err(|e| e.to_string())?;
-            body.map_err(|e| e.to_string())?;
-            let graph = graph.ok_or("the capture recorded nothing")?;
-            graph.upload().map_err(|e| e.to_string())?;
-            Ok(graph)
-        })();
-        match captured {
-            Ok(graph) => Some(Graph(graph)),
-            Err(error) => {
-                tracing::warn!(rows = step.key.rows, span = step.key.span, %error,
-                    "a fixed-shape step could not be captured as a CUDA graph; it runs op by op");
-                None
-            }
-        }
-    }
-
-    #[cfg(not(feature = "cuda"))]
-    fn capture(&self, _: &FixedStep, _: (&[Tensor], &[Tensor])) -> Option<Graph> {
-        None
-    }
-}
-
-/// A captured step.
-#[cfg(feature = "cuda")]
-struct Graph(candle_core::cuda::cudarc::driver::CudaGraph);
-
-// SAFETY: a graph is launched only through the `&mut DeviceCache` that owns it, or sits
-// unused in the spare storage behind a mutex, so no two threads touch it at once (CUDA
-// asks that graph objects be used from one thread at a time, not from one thread only).
-#[cfg(feature = "cuda")]
-unsafe impl Send for Graph {}
-
-#[cfg(feature = "cuda")]
-impl Graph {
-    fn launch(&self) -> Result<()> {
-        let launched = self.0.launch();
-        Ok(
-            launched
-                .map_err(|e| candle_core::Error::Msg(format!("launching a CUDA graph: {e}")))?,
-        )
-    }
-}
-
-/// A captured step (none without CUDA).
-#[cfg(not(feature = "cuda"))]
-enum Graph {}
-
-#[cfg(not(feature = "cuda"))]
-impl Graph {
-    fn launch(&self) -> Result<()> {
-        match *self {}
     }
 }
