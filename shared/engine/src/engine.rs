@@ -362,6 +362,16 @@ impl<'e> Generation<'e> {
             verify_s,
         };
         self.stats.record(&round);
+        tracing::trace!(
+            position = n,
+            drafted = round.drafted,
+            cut = round.cut,
+            accepted = round.accepted,
+            lookup = engine_lookup,
+            draft_s = round.draft_s,
+            verify_s = round.verify_s,
+            "round"
+        );
         // The policy models the proposer's drafts: rounds it did not draft are not its own.
         if let Some(p) = self.policy.as_mut().filter(|_| !engine_lookup) {
             p.observe(&Observed {
