@@ -18,7 +18,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::ops::softmax_last_dim;
 use tandem_core::{distribution, DraftBlock, Sampler, SparseDist};
-use tandem_gemma::{rms_norm, with_cached_layouts, TargetHead};
+use tandem_gemma::{rms_norm, scatter_rows, with_cached_layouts, TargetHead};
 
 use crate::backbone::softcap;
 use crate::batch::{sample_blocks, MarkovRow};
@@ -190,14 +190,13 @@ impl DeviceDrafter {
 
     /// Projects the rows `taps` into every layer's keys and values `kv` at `pos`.
     fn extend_body(&self, taps: &Tensor, pos: &Tensor, kv: (&[Tensor], &[Tensor])) -> Result<()> {
-        let (r, d) = (taps.dim(0)?, self.out_norm.dim(0)?);
+        let d = self.out_norm.dim(0)?;
         with_cached_layouts(&self.device, || -> Result<()> {
-            let index = pos.reshape((r, 1))?.broadcast_as((r, d))?.contiguous()?;
             let h = rms_norm(&taps.matmul(&self.w_c)?, &self.ctx_norm, self.eps)?;
             for (l, (k, v)) in self.layers.iter().zip(kv.0.iter().zip(kv.1)) {
                 let new = rms_norm(&h, &l.attn_norm, self.eps)?.matmul(&l.kv)?;
-                k.scatter_set(&index, &new.narrow(1, 0, d)?.contiguous()?, 0)?;
-                v.scatter_set(&index, &new.narrow(1, d, d)?.contiguous()?, 0)?;
+                scatter_rows(k, pos, &new.narrow(1, 0, d)?.contiguous()?)?;
+                scatter_rows(v, pos, &new.narrow(1, d, d)?.contiguous()?)?;
             }
             Ok(())
         })

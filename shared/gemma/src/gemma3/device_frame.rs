@@ -7,6 +7,7 @@ use candle_core::{Device, Tensor};
 
 use super::device::DeviceGemma3;
 use crate::error::Result;
+use crate::launch::scatter_rows;
 use crate::ops::Rope;
 
 /// Where a layer puts a block's keys and values in its cache, and which cached positions it
@@ -14,9 +15,9 @@ use crate::ops::Rope;
 pub(super) enum Store {
     /// At positions `pos..pos + m`, attending to the first `pos + m`.
     Append(usize),
-    /// At the positions `index` holds (`[b, m, kv_heads, head_dim]`, each row its
-    /// position), attending to the first `span` (the mask hides the rest).
-    Scatter { index: Tensor, span: usize },
+    /// At the positions `pos` holds (`[m]` u32, one sequence), attending to the first
+    /// `span` (the mask hides the rest).
+    Scatter { pos: Tensor, span: usize },
 }
 
 impl Store {
@@ -34,9 +35,9 @@ impl Store {
                 values.slice_set(v, 1, *pos)?;
                 pos + k.dim(1)?
             }
-            Store::Scatter { index, span } => {
-                keys.scatter_set(index, &k.contiguous()?, 1)?;
-                values.scatter_set(index, &v.contiguous()?, 1)?;
+            Store::Scatter { pos, span } => {
+                scatter_rows(&keys.squeeze(0)?, pos, &k.contiguous()?)?;
+                scatter_rows(&values.squeeze(0)?, pos, &v.contiguous()?)?;
                 *span
             }
         };

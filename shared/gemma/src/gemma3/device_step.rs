@@ -319,14 +319,13 @@ impl DeviceGemma3 {
         })
     }
 
-    /// Rotations, masks and the scatter index of a step, computed on the device from its
-    /// positions.
+    /// Rotations and masks of a step, computed on the device from its positions, and where
+    /// its keys and values go.
     fn step_context(&self, key: &StepKey, step: &StepIo) -> Result<(Context, Store)> {
         let shared = self.steps.as_ref().expect("graphs on");
         let cfg = &self.cfg;
         let (m, span) = (key.rows, key.span);
-        let (nkv, hd) = (cfg.num_key_value_heads, cfg.head_dim);
-        let group = cfg.num_attention_heads / nkv;
+        let group = cfg.num_attention_heads / cfg.num_key_value_heads;
         let gather = |(cos, sin): &(Tensor, Tensor)| -> Result<(Tensor, Tensor)> {
             Ok((
                 cos.index_select(&step.pos, 0)?,
@@ -356,12 +355,8 @@ impl DeviceGemma3 {
             local_mask: Some(additive(&(&causal * &window)?)?),
             global_mask: Some(additive(&causal)?),
         };
-        let index = step
-            .pos
-            .reshape((1, m, 1, 1))?
-            .broadcast_as((1, m, nkv, hd))?
-            .contiguous()?;
-        Ok((ctx, Store::Scatter { index, span }))
+        let pos = step.pos.clone();
+        Ok((ctx, Store::Scatter { pos, span }))
     }
 
     /// The outputs of a step's first `m` rows (the block's, without padding) as
