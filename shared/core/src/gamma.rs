@@ -27,6 +27,14 @@ const PRIOR_FIRST: f64 = 2.0 / 3.0;
 /// Weight, in rounds, of each position's prior.
 const PRIOR_WEIGHT: f64 = 3.0;
 
+/// A round's timing counts at most this many times what the policy expected of it. One-off
+/// costs (a kernel compiled or a CUDA graph captured on first use, a page fault, a
+/// preempted thread) would otherwise stand for dozens of rounds in the decayed means: on an
+/// H100 the first drafted round of a process took 60 ms against 0.5 ms after, and the
+/// policy then judged drafting too dear for the rest of every generation. A cost that truly
+/// rose still gets through, by this factor per round.
+pub const SPIKE: f64 = 4.0;
+
 /// Most rounds of evidence a generation hands on to the next (see [`Learnt`]).
 pub const CARRIED_ROUNDS: f64 = 8.0;
 
@@ -314,6 +322,8 @@ impl GammaPolicy {
         } = *round;
         let d = self.cfg.decay;
         let ema = |old: Option<f64>, x: f64| Some(old.map_or(x, |o| d * o + (1.0 - d) * x));
+        // A step's time counts at most `SPIKE` times the step time measured so far.
+        let step_ema = |old: Option<f64>, x: f64| ema(old, old.map_or(x, |o| x.min(SPIKE * o)));
         let timed = verify_s.is_finite() && verify_s > 0.0 && draft_s.is_finite() && draft_s >= 0.0;
         let drafted = (verified + cut.len()).min(self.cfg.max_gamma);
         let verified = verified.min(drafted);
@@ -322,7 +332,7 @@ impl GammaPolicy {
             self.plain_rounds += 1;
             self.timed_plain = true;
             if timed {
-                self.step_s = ema(self.step_s, verify_s);
+                self.step_s = step_ema(self.step_s, verify_s);
             }
             return;
         }
@@ -355,11 +365,13 @@ impl GammaPolicy {
         }
         if verified == 0 {
             // A block cut whole: its verify was a one-token forward.
-            self.step_s = ema(self.step_s, verify_s);
+            self.step_s = step_ema(self.step_s, verify_s);
         }
         let step_s = match self.step_s {
             Some(step) => {
                 if verified > 0 {
+                    let expected = step * (1.0 + self.verify_slope() * verified as f64);
+                    let verify_s = verify_s.min(SPIKE * expected);
                     let extra = ((verify_s - step) / verified as f64).max(0.0);
                     self.extra_s = ema(self.extra_s, extra);
                 }
@@ -367,7 +379,8 @@ impl GammaPolicy {
             }
             None => verify_s / (1.0 + self.cfg.verify_slope * verified as f64),
         };
-        self.draft_cost = d * self.draft_cost + (1.0 - d) * draft_s / step_s;
+        let cap = SPIKE * self.draft_cost.max(self.cfg.draft_cost);
+        self.draft_cost = d * self.draft_cost + (1.0 - d) * (draft_s / step_s).min(cap);
     }
 }
 
