@@ -6,7 +6,7 @@ use std::env;
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 1] = ["rows"];
+const KERNELS: [&str; 1] = ["step"];
 
 fn main() {
     for k in KERNELS {

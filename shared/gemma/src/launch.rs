@@ -13,8 +13,7 @@
 //! 2.8 ms against 3.0 ms without); [`with_cached_layouts`] keeps candle from uploading the
 //! dims and strides of a strided view before each kernel that reads one; [`argmax_rows`]
 //! spreads the greedy choice over a 262k vocabulary across many blocks; [`rms_norm`] runs
-//! each row's norm with a whole block of threads; [`scatter_rows`] writes rows to
-//! device-held positions with a thread per element.
+//! each row's norm with a whole block of threads.
 
 use candle_core::{Device, Tensor, D};
 
@@ -100,126 +99,6 @@ pub fn rms_norm(x: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
         return Ok(x.apply_op2_no_bwd(alpha, &wide::WideRmsNorm { eps })?);
     }
     Ok(candle_nn::ops::rms_norm(x, alpha, eps)?)
-}
-
-/// Writes row `r` of `src` (`[m, ..]`) to row `pos[r]` of `dst` (`[n, ..]`, rows as wide
-/// as `src`'s; `pos` `[m]` u32 on the device): what a fixed-shape step does with a block's
-/// keys and values (a position past `dst`'s rows is skipped on CUDA and an error
-/// elsewhere). Both tensors must be contiguous. On a CUDA device one thread copies
-/// each element (tandem's `scatter_rows` kernel); elsewhere candle's `scatter_set` does it.
-pub fn scatter_rows(dst: &Tensor, pos: &Tensor, src: &Tensor) -> Result<()> {
-    let m = pos.dims1()?;
-    let width = src.elem_count() / m.max(1);
-    let n = dst.elem_count() / width.max(1);
-    let (dst, src) = (dst.reshape((n, width))?, src.reshape((m, width))?);
-    #[cfg(feature = "cuda")]
-    if dst.device().is_cuda() {
-        return Ok(dst.inplace_op3(pos, &src, &rows::ScatterRows)?);
-    }
-    let index = pos
-        .reshape((m, 1))?
-        .broadcast_as((m, width))?
-        .contiguous()?;
-    Ok(dst.scatter_set(&index, &src, 0)?)
-}
-
-/// The PTX of tandem's own CUDA kernels (`kernels/rows.cu`, compiled by the build script).
-#[cfg(feature = "cuda")]
-mod rows {
-    use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-    use candle_core::cuda_backend::WrapErr;
-    use candle_core::{CpuStorage, CudaStorage, DType, Layout};
-
-    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/rows.ptx"));
-    const THREADS: u32 = 256;
-
-    /// [`super::scatter_rows`] on CUDA: `dst` the rows, then positions and source.
-    pub(super) struct ScatterRows;
-
-    impl candle_core::InplaceOp3 for ScatterRows {
-        fn name(&self) -> &'static str {
-            "scatter-rows"
-        }
-
-        fn cpu_fwd(
-            &self,
-            _: &mut CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> candle_core::Result<()> {
-            candle_core::bail!("scatter-rows runs on CUDA only")
-        }
-
-        fn cuda_fwd(
-            &self,
-            dst: &mut CudaStorage,
-            dl: &Layout,
-            pos: &CudaStorage,
-            pl: &Layout,
-            src: &CudaStorage,
-            sl: &Layout,
-        ) -> candle_core::Result<()> {
-            let (Some(d), Some(p), Some(s)) = (
-                dl.contiguous_offsets(),
-                pl.contiguous_offsets(),
-                sl.contiguous_offsets(),
-            ) else {
-                candle_core::bail!("scatter-rows of a strided tensor");
-            };
-            if dst.dtype() != src.dtype() || pos.dtype() != DType::U32 {
-                candle_core::bail!(
-                    "scatter-rows: {:?} rows into {:?}",
-                    src.dtype(),
-                    dst.dtype()
-                );
-            }
-            let (rows, width) = (pl.shape().elem_count(), sl.shape().dims()[1]);
-            let dst_rows = dl.shape().dims()[0];
-            let name = match dst.dtype().size_in_bytes() {
-                2 => "scatter_rows_b16",
-                4 => "scatter_rows_b32",
-                _ => candle_core::bail!("scatter-rows of {:?}", dst.dtype()),
-            };
-            let dev = dst.device().clone();
-            let func = dev.get_or_load_custom_func(name, "tandem_rows", PTX)?;
-            let pos = pos.as_cuda_slice::<u32>()?.slice(p.0..p.1);
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    (rows * width).div_ceil(THREADS as usize).max(1) as u32,
-                    1,
-                    1,
-                ),
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut builder = func.builder();
-            builder.arg(&pos);
-            macro_rules! launch {
-                ($t:ty) => {{
-                    let src = src.as_cuda_slice::<$t>()?.slice(s.0..s.1);
-                    let mut dst = dst.as_cuda_slice_mut::<$t>()?.slice_mut(d.0..d.1);
-                    builder.arg(&src);
-                    builder.arg(&mut dst);
-                    candle_core::builder_arg!(builder, rows as u32, width as u32, dst_rows as u32);
-                    // SAFETY: the arguments match the kernel's signature, which skips
-                    // positions past `dst`'s rows.
-                    unsafe { builder.launch(cfg) }.w()?;
-                }};
-            }
-            match dst.dtype() {
-                DType::BF16 => launch!(half::bf16),
-                DType::F16 => launch!(half::f16),
-                DType::F32 => launch!(f32),
-                DType::U32 => launch!(u32),
-                other => candle_core::bail!("scatter-rows of {other:?}"),
-            }
-            Ok(())
-        }
-    }
 }
 
 #[cfg(feature = "cuda")]

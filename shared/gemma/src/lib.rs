@@ -12,6 +12,7 @@
 
 mod attention;
 mod error;
+mod fused;
 mod gemma3;
 pub mod gemma4;
 mod gguf;
@@ -25,6 +26,7 @@ mod ops;
 pub mod testing;
 
 pub use error::{GemmaError, Result};
+pub use fused::scatter_rows;
 pub use gemma3::{
     export_hf, hf_config_json, profile_steps, take_step_profile, DeviceCache, DeviceGemma3,
     DeviceOptions, ForwardOptions, ForwardOutput, Gemma3, Gemma3Model, GemmaConfig, KvCache,
@@ -34,6 +36,6 @@ pub use gemma3::{
 pub use gguf::inspect_gguf;
 pub use golden::{GoldenCase, GoldenFixture};
 pub use graph::Replayed;
-pub use launch::{argmax_rows, prepare_device, rms_norm, scatter_rows, with_cached_layouts};
+pub use launch::{argmax_rows, prepare_device, rms_norm, with_cached_layouts};
 pub use loader::verify_sha256;
 pub use tandem_kernels::TopRow;

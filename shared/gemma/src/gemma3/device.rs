@@ -21,13 +21,14 @@ use candle_nn::rotary_emb::rope_thd;
 
 use super::config::GemmaConfig;
 use super::device_cache::DeviceCache;
-use super::device_frame::{Context, Store};
+use super::device_frame::{append, visible, Context, Store};
 use super::device_step::StepShared;
 use super::forward::block_len;
 use super::head::TargetHead;
 use super::model::{ForwardOptions, ForwardOutput, LogitsMode, Precision};
 use super::names::{LayerTensor, Role};
 use crate::error::{GemmaError, Result};
+use crate::fused::{add_norm, geglu, qkv_heads, Heads};
 use crate::launch::{rms_norm, with_cached_layouts};
 use crate::loader::{self, TensorSource};
 use crate::ops::Rope;
@@ -371,37 +372,67 @@ impl DeviceGemma3 {
         kv: (&Tensor, &Tensor),
         store: &Store,
     ) -> Result<Tensor> {
-        let cfg = &self.cfg;
-        let eps = cfg.rms_norm_eps as f32;
-        let (b, m, nh, nkv, hd) = (
-            ctx.b,
-            ctx.m,
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        );
-        let [q, k, v] = self.qkv(l, &rms_norm(x, &l.attn_norm, eps)?)?;
+        let eps = self.cfg.rms_norm_eps as f32;
+        let normed = rms_norm(x, &l.attn_norm, eps)?;
         let (cos, sin) = if l.sliding { &ctx.local } else { &ctx.global };
-        let q = q.reshape((b, m, nh, hd))?;
-        let q = rope_thd(&rms_norm(&q, &l.q_norm, eps)?, cos, sin)?;
-        let k = k.reshape((b, m, nkv, hd))?;
-        let k = rope_thd(&rms_norm(&k, &l.k_norm, eps)?, cos, sin)?;
-        let v = v.reshape((b, m, nkv, hd))?;
-        let (keys, values) = store.put(kv, &k, &v)?;
+        let (q, (keys, values)) = match store {
+            Store::Scatter { pos, span } => {
+                let qkv = normed.matmul(&l.qkv.t()?)?;
+                let norms = (&l.q_norm, &l.k_norm);
+                let q = qkv_heads(&qkv, norms, (cos, sin), pos, kv, self.heads(), eps)?;
+                (q, visible(kv, *span)?)
+            }
+            Store::Append(pos) => {
+                let [q, k, v] = self.rotated_qkv(l, &normed, ctx, (cos, sin))?;
+                (q, append(kv, &k, &v, *pos)?)
+            }
+        };
         let mask = if l.sliding {
             &ctx.local_mask
         } else {
             &ctx.global_mask
         };
         let attn = self.attend(&q, &keys, &values, mask)?;
-        let o = rms_norm(&attn.matmul(&l.o.t()?)?, &l.post_attn_norm, eps)?;
-        let x = (x + o)?;
+        let norms = (&l.post_attn_norm, Some(&l.pre_ffn_norm));
+        let (x, h) = add_norm(x, &attn.matmul(&l.o.t()?)?, norms, eps)?;
+        let h = h.ok_or_else(|| GemmaError::Config("add-norm gave no normed rows".into()))?;
+        let act = geglu(&h.matmul(&l.gate_up.t()?)?)?;
+        let (x, _) = add_norm(
+            &x,
+            &act.matmul(&l.down.t()?)?,
+            (&l.post_ffn_norm, None),
+            eps,
+        )?;
+        Ok(x)
+    }
 
-        let gate_up = rms_norm(&x, &l.pre_ffn_norm, eps)?.matmul(&l.gate_up.t()?)?;
-        let f = cfg.intermediate_size;
-        let act = (gate_up.narrow(1, 0, f)?.gelu()? * gate_up.narrow(1, f, f)?)?;
-        let down = rms_norm(&act.matmul(&l.down.t()?)?, &l.post_ffn_norm, eps)?;
-        Ok((x + down)?)
+    fn heads(&self) -> Heads {
+        Heads {
+            q: self.cfg.num_attention_heads,
+            kv: self.cfg.num_key_value_heads,
+            dim: self.cfg.head_dim,
+        }
+    }
+
+    /// The normed and rotated queries and keys `[b, m, heads, hd]` and the values of
+    /// normed rows `x`, for the plain forward.
+    fn rotated_qkv(
+        &self,
+        l: &Layer,
+        x: &Tensor,
+        ctx: &Context,
+        (cos, sin): (&Tensor, &Tensor),
+    ) -> Result<[Tensor; 3]> {
+        let eps = self.cfg.rms_norm_eps as f32;
+        let h = self.heads();
+        let [q, k, v] = self.qkv(l, x)?;
+        let q = q.reshape((ctx.b, ctx.m, h.q, h.dim))?;
+        let k = k.reshape((ctx.b, ctx.m, h.kv, h.dim))?;
+        Ok([
+            rope_thd(&rms_norm(&q, &l.q_norm, eps)?, cos, sin)?,
+            rope_thd(&rms_norm(&k, &l.k_norm, eps)?, cos, sin)?,
+            v.reshape((ctx.b, ctx.m, h.kv, h.dim))?,
+        ])
     }
 
     /// The query, key and value rows of normed rows `x`. One row takes one product with

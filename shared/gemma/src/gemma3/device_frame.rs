@@ -7,11 +7,10 @@ use candle_core::{Device, Tensor};
 
 use super::device::DeviceGemma3;
 use crate::error::Result;
-use crate::launch::scatter_rows;
 use crate::ops::Rope;
 
-/// Where a layer puts a block's keys and values in its cache, and which cached positions it
-/// attends to.
+/// Where a layer puts a block's keys and values in its cache ([`append`], or
+/// [`crate::fused::qkv_heads`]), and which cached positions it attends to.
 pub(super) enum Store {
     /// At positions `pos..pos + m`, attending to the first `pos + m`.
     Append(usize),
@@ -20,29 +19,23 @@ pub(super) enum Store {
     Scatter { pos: Tensor, span: usize },
 }
 
-impl Store {
-    /// Stores `k` and `v` (`[b, m, kv_heads, head_dim]`) in the layer's cache `kv` and
-    /// returns the keys and values to attend to.
-    pub(super) fn put(
-        &self,
-        (keys, values): (&Tensor, &Tensor),
-        k: &Tensor,
-        v: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
-        let len = match self {
-            Store::Append(pos) => {
-                keys.slice_set(k, 1, *pos)?;
-                values.slice_set(v, 1, *pos)?;
-                pos + k.dim(1)?
-            }
-            Store::Scatter { pos, span } => {
-                scatter_rows(&keys.squeeze(0)?, pos, &k.contiguous()?)?;
-                scatter_rows(&values.squeeze(0)?, pos, &v.contiguous()?)?;
-                *span
-            }
-        };
-        Ok((keys.narrow(1, 0, len)?, values.narrow(1, 0, len)?))
-    }
+/// Stores a block's keys and values `k`, `v` (`[b, m, kv_heads, head_dim]`) at positions
+/// `pos..` of a layer's cache `(keys, values)` and returns the keys and values up to the
+/// block's last.
+pub(super) fn append(
+    (keys, values): (&Tensor, &Tensor),
+    k: &Tensor,
+    v: &Tensor,
+    pos: usize,
+) -> Result<(Tensor, Tensor)> {
+    keys.slice_set(k, 1, pos)?;
+    values.slice_set(v, 1, pos)?;
+    visible((keys, values), pos + k.dim(1)?)
+}
+
+/// The first `len` positions of a layer's cache `(keys, values)`.
+pub(super) fn visible((keys, values): (&Tensor, &Tensor), len: usize) -> Result<(Tensor, Tensor)> {
+    Ok((keys.narrow(1, 0, len)?, values.narrow(1, 0, len)?))
 }
 
 /// What every layer of one forward shares: rotation tables and attention masks for the
