@@ -227,6 +227,12 @@ pub fn run(a: SpecArgs) -> Result<()> {
             proposer.max_gamma()
         );
     }
+    if url.is_none() {
+        let drafting = (&proposer.snapshot_spec(), proposer.max_gamma());
+        if engine.warm_up(Some(drafting))?.is_some() {
+            proposer.warm_up()?;
+        }
+    }
     let runner = match url {
         Some(url) => Runner::Remote { rt: &rt, url },
         None => Runner::Local {

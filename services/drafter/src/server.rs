@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use tandem_core::{ProposeRequest, Proposer, SamplingParams, SnapshotRows};
+use tandem_core::Proposer;
 use tandem_proto::v1 as pb;
 use tandem_serving::{App, Drain, Serve, ServeError};
 use tandem_telemetry::Registry;
@@ -61,21 +61,8 @@ impl Serve for Drafter {
     }
 }
 
-/// Drafts one block on an all-zero context so the first real request pays no first-use
-/// costs.
+/// Runs the proposer's warm-up ([`Proposer::warm_up`]: a session through every block
+/// length) so the first real request pays no first-use costs.
 fn warm_up(proposer: &dyn Proposer) -> Result<(), ServeError> {
-    let spec = proposer.snapshot_spec();
-    let mut session = proposer.open(&SamplingParams::default())?;
-    session.extend(&SnapshotRows {
-        start: 0,
-        width: spec.row_width(),
-        data: vec![0.0; 2 * spec.row_width()],
-        tokens: vec![2, 2],
-    })?;
-    session.propose(&ProposeRequest {
-        anchor: 2,
-        position: 2,
-        gamma: proposer.max_gamma(),
-    })?;
-    Ok(())
+    Ok(proposer.warm_up()?)
 }

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tandem_core::{FinishReason, Proposer};
+use tandem_core::{FinishReason, Proposer, SnapshotSpec};
 use tandem_engine::{drafting_gamma, Engine, GenerationRequest, Outcome, Plan, Update};
 use tandem_proto::v1 as pb;
 use tandem_serving::{Drain, InFlight};
@@ -183,6 +183,14 @@ impl Generations {
                 ))
             }
         }
+    }
+
+    /// The snapshot spec the pool's drafters agree on and the most tokens a round drafts
+    /// through them, where they draft.
+    pub fn drafting(&self) -> Option<(SnapshotSpec, usize)> {
+        let pool = self.pool.as_ref()?;
+        let gamma = self.drafting_cap();
+        (gamma > 0).then(|| (pool.snapshot_spec(), gamma))
     }
 
     /// Most tokens a round drafts through the pool: the server's γ within what the

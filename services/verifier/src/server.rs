@@ -142,7 +142,7 @@ impl Serve for Verifier {
             routes: Routes::new(Server::new(GenerationService::new(self.core))),
             name: Server::NAME,
             registry: self.registry,
-            warm_up: Box::new(move || warm_up(warm.engine())),
+            warm_up: Box::new(move || warm_up(&warm)),
             drain: self.drain,
             grace: self.grace,
             http: Some(self.http),
@@ -235,8 +235,15 @@ impl VerifierBuilder {
     }
 }
 
-/// Generates two tokens so the first request pays no first-use costs.
-fn warm_up(engine: &Engine) -> Result<(), ServeError> {
+/// Runs the target's warm-up for the drafters agreed on ([`Engine::warm_up`]), then
+/// generates two tokens, so the first request pays no first-use costs.
+fn warm_up(core: &Generations) -> Result<(), ServeError> {
+    let engine = core.engine();
+    let drafting = core.drafting();
+    let took = engine.warm_up(drafting.as_ref().map(|(spec, gamma)| (spec, *gamma)))?;
+    if let Some(took) = took {
+        tracing::info!(ms = took.as_millis() as u64, "target steps warmed up");
+    }
     let req = GenerationRequest {
         prompt: vec![engine.tokenizer().bos_id()],
         max_tokens: 2,

@@ -120,7 +120,39 @@ pub trait Proposer: Send + Sync {
     fn observe_steps(&self, _observer: Arc<dyn StepObserver>) -> bool {
         false
     }
+    /// Pays what first use costs (a device drafter captures its steps as CUDA graphs)
+    /// before traffic does: one greedy session over zero rows appended [`WARM_UP_PREFIX`]
+    /// at once, then 1 to γ + 1 at a time, a block drafted after each.
+    fn warm_up(&self) -> Result<(), ProposeError> {
+        let (width, gamma) = (self.snapshot_spec().row_width(), self.max_gamma());
+        if gamma == 0 {
+            return Ok(());
+        }
+        let mut session = self.open(&SamplingParams::default())?;
+        let mut start = 0;
+        for n in std::iter::once(WARM_UP_PREFIX).chain(1..=gamma + 1) {
+            let data = vec![0.0; n * width];
+            let tokens = Vec::new();
+            session.extend(&SnapshotRows {
+                start,
+                width,
+                data,
+                tokens,
+            })?;
+            start += n;
+            let req = ProposeRequest {
+                anchor: 0,
+                position: start,
+                gamma,
+            };
+            session.propose(&req)?;
+        }
+        Ok(())
+    }
 }
+
+/// Rows a [`Proposer::warm_up`] session starts with (a short prompt's).
+pub const WARM_UP_PREFIX: usize = 32;
 
 /// One generation's drafting state. Dropping it closes the session.
 pub trait ProposerSession: Send {

@@ -331,3 +331,21 @@ fn the_prompt_is_looked_up_when_rows_carry_their_tokens() {
     bad.tokens = vec![1, 2];
     assert!(matches!(s.extend(&bad), Err(ProposeError::Invalid(_))));
 }
+
+/// A proposer's warm-up (a session through every block length) runs on the host and the
+/// device drafter alike, and leaves them drafting what they drafted before.
+#[test]
+fn warming_up_leaves_drafting_unchanged() {
+    let head = tiny_head(1);
+    let model = Arc::new(busy_drafter(tiny_config(), &head, 3));
+    let host = DsparkProposer::new(Arc::clone(&model), &head).expect("host");
+    let device = DsparkProposer::on_device(model, &head, &Device::Cpu, true).expect("device");
+    for p in [&host as &dyn Proposer, &device] {
+        let before = session_of(p, SamplingParams::default(), &[40, 1, 9]);
+        p.warm_up().expect("warm-up");
+        assert_eq!(
+            before,
+            session_of(p, SamplingParams::default(), &[40, 1, 9])
+        );
+    }
+}

@@ -15,6 +15,7 @@ mod plan;
 mod request;
 mod schedule;
 mod stats;
+mod warm;
 
 pub use drafting::check_block;
 pub use engine::{Engine, Outcome, Sink, Update};

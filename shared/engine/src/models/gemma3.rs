@@ -40,6 +40,10 @@ macro_rules! gemma3_target {
                     cache: Gemma3Model::new_cache(self, max_len),
                 })
             }
+
+            fn captures_steps(&self) -> bool {
+                Gemma3Model::captures_steps(self)
+            }
         }
     };
 }

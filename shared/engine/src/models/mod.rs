@@ -64,6 +64,11 @@ pub trait Target: Send + Sync {
     fn head(&self) -> Option<TargetHead>;
     /// A fresh sequence (an empty KV cache) of at most `max_len` positions.
     fn start(&self, max_len: usize) -> Box<dyn TargetSequence + '_>;
+    /// Whether a block shape costs more the first time it runs (CUDA graphs captured on
+    /// first use), so that [`crate::Engine::warm_up`] should run them before traffic.
+    fn captures_steps(&self) -> bool {
+        false
+    }
     /// Whether concurrent generations share forwards ([`BatchedGemma3`]); where they do,
     /// `observer` receives every step's figures from now on.
     fn observe_steps(&self, observer: Arc<dyn StepObserver>) -> bool {

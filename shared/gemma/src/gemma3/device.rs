@@ -166,6 +166,12 @@ impl DeviceGemma3 {
         &self.opts.device
     }
 
+    /// Whether short blocks of one sequence run as fixed-shape steps captured as CUDA
+    /// graphs on first use (graphs on, on a CUDA device).
+    pub fn captures_steps(&self) -> bool {
+        self.steps.is_some() && self.opts.device.is_cuda()
+    }
+
     /// Bytes of keys and values one position of a cache holds (in the model's dtype).
     pub fn kv_bytes_per_position(&self) -> usize {
         2 * self.cfg.num_hidden_layers * self.cfg.kv_dim() * self.opts.dtype.size_in_bytes()

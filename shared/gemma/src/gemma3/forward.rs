@@ -68,6 +68,11 @@ pub trait Gemma3Model: Send + Sync {
     fn new_cache(&self, max_len: usize) -> Self::Cache;
     /// Bytes of keys and values one position of a cache holds.
     fn kv_bytes_per_position(&self) -> usize;
+    /// Whether a block shape costs more the first time it runs (a step captured as a CUDA
+    /// graph), so that a caller may run the shapes it expects before traffic.
+    fn captures_steps(&self) -> bool {
+        false
+    }
     /// Runs `tokens` at positions `pos..pos + m` of `cache` (which holds exactly `pos`).
     fn forward(
         &self,
@@ -201,6 +206,10 @@ impl Gemma3Model for DeviceGemma3 {
 
     fn kv_bytes_per_position(&self) -> usize {
         DeviceGemma3::kv_bytes_per_position(self)
+    }
+
+    fn captures_steps(&self) -> bool {
+        DeviceGemma3::captures_steps(self)
     }
 
     fn forward(
