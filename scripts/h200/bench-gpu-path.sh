@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Issue 39 on a lent H200 or H100: the target's steps replayed as CUDA graphs against
-# launched op by op (`--cuda-graphs true|false`), bf16, batch 1, after train-broad.sh's
-# `stage` calls have put the binary, the GGUF and the tokenizer under /tmp/w. Writes to
-# $OUT, each name starting with the card (h200 or h100):
-#   GPU-target-graphs-{true,false}.json  bench target: plain decode, block forwards 1-16
-#   GPU-spec-graphs-{true,false}.json    bench speculative on the docs set, γ = 8, with
-#                                        greedy outputs checked against plain decoding
-#   GPU-golden-graphs-{true,false}.json  bench golden: greedy ids, plain and speculative,
-#                                        against transformers up to each near-tie
+# Issue 39 on a lent H200 or H100: the GPU path's figures, bf16, batch 1, after
+# train-broad.sh's `stage` calls have put the binary, the GGUF and the tokenizer under /tmp/w.
+# Writes to $OUT, each name starting with the card (h200 or h100):
+#   GPU-target-graphs.json, GPU-target-op-by-op.json
+#                         bench target: plain decode, block forwards (steps replayed as CUDA
+#                         graphs, or launched op by op)
+#   GPU-spec-docs-{fixed,adaptive,services}.json
+#                         bench speculative on the docs set, γ = 8 (adaptive γ; through the
+#                         services), greedy outputs checked against plain decoding
+#   GPU-spec-{chat,prose}-{fixed,adaptive}.json
+#                         the same on the general evaluation sets
+#   GPU-golden-{bf16,f32}.json
+#                         bench golden: greedy ids, plain and speculative, against
+#                         transformers up to each near-tie
 #
 #   bench-gpu-path.sh [PROMPTS]
 set -uo pipefail
@@ -20,18 +25,28 @@ n=${1:-8}
 gpu=h100
 nvidia-smi --query-gpu=name --format=csv,noheader | grep -qi h200 && gpu=h200
 docs=drafters/gemma-3-270m-dspark/held_out_prompts.json
-for g in true false; do
-  "$W/tandem" bench target --device cuda --dtype bf16 --cuda-graphs $g \
-    --blocks 1,2,4,8,9,12,16 --decode-tokens 128 --repeats 3 \
-    --json "$OUT/$gpu-target-graphs-$g.json" 2>&1 | grep -v "^\s*$"
+run() { "$W/tandem" "$@" 2>&1 | grep -v "^\s*$"; }
+run bench target --device cuda --dtype bf16 --blocks 1,2,4,8,9,12,16 --decode-tokens 128 \
+  --repeats 3 --json "$OUT/$gpu-target-graphs.json"
+run bench target --device cuda --dtype bf16 --cuda-graphs false --blocks 1,9,16 \
+  --decode-tokens 64 --repeats 3 --json "$OUT/$gpu-target-op-by-op.json"
+for arm in fixed adaptive services; do
+  flags=(--repeats 3)
+  [ $arm = adaptive ] && flags+=(--adaptive-gamma)
+  [ $arm = services ] && flags=(--repeats 2 --services)
+  run bench speculative --device cuda --dtype bf16 --prompts-file "$docs" --prompts "$n" \
+    --max-tokens 48 --gammas 8 "${flags[@]}" --json "$OUT/$gpu-spec-docs-$arm.json"
 done
-for g in true false; do
-  "$W/tandem" bench speculative --device cuda --dtype bf16 --cuda-graphs $g \
-    --prompts-file "$docs" --prompts "$n" --max-tokens 48 --gammas 8 --repeats 2 \
-    --json "$OUT/$gpu-spec-graphs-$g.json" 2>&1 | grep -v "^\s*$"
+for set in chat prose; do
+  for arm in fixed adaptive; do
+    flags=()
+    [ $arm = adaptive ] && flags+=(--adaptive-gamma)
+    run bench speculative --device cuda --dtype bf16 --prompts-file "drafters/eval/$set.json" \
+      --prompts 16 --max-tokens 64 --gammas 8 --repeats 1 "${flags[@]}" \
+      --json "$OUT/$gpu-spec-$set-$arm.json"
+  done
 done
-for g in true false; do
-  "$W/tandem" bench golden --device cuda --dtype bf16 --cuda-graphs $g \
-    --json "$OUT/$gpu-golden-graphs-$g.json" 2>&1 | grep -v "^\s*$"
+for dtype in bf16 f32; do
+  run bench golden --device cuda --dtype $dtype --json "$OUT/$gpu-golden-$dtype.json"
 done
 nvidia-smi --query-gpu=memory.used --format=csv

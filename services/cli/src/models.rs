@@ -47,7 +47,8 @@ pub struct ModelArgs {
     #[arg(long, env = "TANDEM_DTYPE", value_enum, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
     /// Run a `cuda` target's decode and verify steps (one sequence, at most 32 tokens, a
-    /// context of at most 4,096) as CUDA graphs, replayed in one launch each.
+    /// context of at most 4,096) and a DSpark drafter's steps beside it as CUDA graphs,
+    /// replayed in one launch each.
     #[arg(long, env = "TANDEM_CUDA_GRAPHS", default_value_t = true, action = clap::ArgAction::Set)]
     pub cuda_graphs: bool,
     /// Fastest family of CPU matmul kernels to use: `portable`, `avx2`, `avx-vnni` or `amx`
