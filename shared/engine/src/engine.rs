@@ -22,6 +22,7 @@ use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
 
 use crate::drafting::{Adaptive, Drafting};
 use crate::error::{EngineError, Result};
+use crate::fetch::{accept_fetching, fetches};
 use crate::memory::PolicyMemory;
 use crate::models::{Target, TargetFacts, TargetSequence, TargetStep};
 use crate::plan::Plan;
@@ -441,15 +442,26 @@ impl<'e> Generation<'e> {
             let ids = greedy_tokens(logits, rows)?;
             return Ok((accept_greedy(&draft.tokens, &ids), None));
         }
+        let uncontrolled = !controlled && self.req.logprobs.is_none();
+        if !sampling.is_greedy() && uncontrolled && fetches(logits, self.req.verification) {
+            let first = self.history.generated();
+            let v = self.req.verification;
+            return accept_fetching(v, logits, draft, &mut self.sampler, first);
+        }
         let raw = logits_rows(logits, rows)?;
-        let mut rows = raw.clone();
+        let mut controlled_rows = Vec::new();
         if controlled {
-            for (i, row) in rows.iter_mut().enumerate() {
+            controlled_rows = raw.clone();
+            for (i, row) in controlled_rows.iter_mut().enumerate() {
                 let drafted = &draft.tokens[..i];
                 self.controls
                     .apply(row, &self.history, drafted, sampling.temperature);
             }
         }
+        let rows = match controlled {
+            true => &controlled_rows,
+            false => &raw,
+        };
         let (verdict, expected) = match sampling.is_greedy() {
             true => {
                 let ids: Vec<u32> = rows.iter().map(|r| argmax(r)).collect();

@@ -8,6 +8,7 @@
 mod drafting;
 mod engine;
 mod error;
+mod fetch;
 mod load;
 mod memory;
 mod models;
