@@ -122,7 +122,9 @@ pub trait Proposer: Send + Sync {
     }
     /// Pays what first use costs (a device drafter captures its steps as CUDA graphs)
     /// before traffic does: one greedy session over zero rows appended [`WARM_UP_PREFIX`]
-    /// at once, then 1 to γ + 1 at a time, a block drafted after each.
+    /// at once, then 1 to γ + 1 at a time, a block drafted after each. Every row carries
+    /// [`WARM_UP_TOKEN`], as a verifier sends each row's token; the anchor (token 0) never
+    /// occurs among them, so no lookup stands in for the model.
     fn warm_up(&self) -> Result<(), ProposeError> {
         let (width, gamma) = (self.snapshot_spec().row_width(), self.max_gamma());
         if gamma == 0 {
@@ -132,7 +134,7 @@ pub trait Proposer: Send + Sync {
         let mut start = 0;
         for n in std::iter::once(WARM_UP_PREFIX).chain(1..=gamma + 1) {
             let data = vec![0.0; n * width];
-            let tokens = Vec::new();
+            let tokens = vec![WARM_UP_TOKEN; n];
             session.extend(&SnapshotRows {
                 start,
                 width,
@@ -153,6 +155,8 @@ pub trait Proposer: Send + Sync {
 
 /// Rows a [`Proposer::warm_up`] session starts with (a short prompt's).
 pub const WARM_UP_PREFIX: usize = 32;
+/// The token of every row of a [`Proposer::warm_up`] session (Gemma's `<bos>`).
+pub const WARM_UP_TOKEN: u32 = 2;
 
 /// One generation's drafting state. Dropping it closes the session.
 pub trait ProposerSession: Send {

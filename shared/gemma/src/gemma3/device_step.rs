@@ -364,22 +364,30 @@ impl DeviceGemma3 {
     /// [`DeviceGemma3::forward`] returns them (copies: the next run of the step overwrites
     /// its tensors).
     fn step_output(&self, step: &StepIo, m: usize, opts: &ForwardOptions) -> Result<ForwardOutput> {
-        let host = |t: &Tensor| -> Result<Tensor> {
-            Ok(t.narrow(0, 0, m)?
-                .to_dtype(DType::F32)?
-                .to_device(&Device::Cpu)?)
-        };
         let normed = step.normed.narrow(0, 0, m)?;
         let logits = match opts.logits {
             LogitsMode::All | LogitsMode::Top(_) => Some(self.logits(&normed)?),
             LogitsMode::Last => Some(self.logits(&normed.narrow(0, m - 1, 1)?)?),
             LogitsMode::None => None,
         };
+        // The taps and the final-norm rows travel in one copy (each copy waits for the
+        // device: 15-20 µs apiece on an H100).
+        let parts = (step.taps.iter().chain([&step.normed]))
+            .map(|t| t.narrow(0, 0, m))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let all = Tensor::cat(&parts, 1)?
+            .to_dtype(DType::F32)?
+            .to_device(&Device::Cpu)?;
+        let h = self.cfg.hidden_size;
+        let mut rows = (0..parts.len())
+            .map(|i| all.narrow(1, i * h, h))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let last_hidden = rows.pop().expect("the final-norm rows");
         Ok(ForwardOutput {
             top: None,
             logits,
-            taps: step.taps.iter().map(host).collect::<Result<_>>()?,
-            last_hidden: host(&step.normed)?,
+            taps: rows,
+            last_hidden,
         })
     }
 }
