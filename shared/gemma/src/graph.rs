@@ -45,11 +45,6 @@ impl Replayed {
         }
         Ok(false)
     }
-
-    /// Whether the work is replayed as a graph.
-    pub fn is_captured(&self) -> bool {
-        self.graph.is_some()
-    }
 }
 
 /// A captured sequence of kernel launches.
