@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tandem_core::Proposer;
 use tandem_proto::v1 as pb;
-use tandem_serving::{App, Drain, Serve, ServeError};
+use tandem_serving::{App, Drain, Serve};
 use tandem_telemetry::Registry;
 use tonic::server::NamedService;
 use tonic::service::Routes;
@@ -53,16 +53,12 @@ impl Serve for Drafter {
             routes: Routes::new(server),
             name: Server::NAME,
             registry: self.registry,
-            warm_up: Box::new(move || warm_up(proposer.as_ref())),
+            // A session through every block length, so the first real request pays no
+            // first-use costs.
+            warm_up: Box::new(move || Ok(proposer.warm_up()?)),
             drain: self.drain,
             grace,
             http: None,
         }
     }
-}
-
-/// Runs the proposer's warm-up ([`Proposer::warm_up`]: a session through every block
-/// length) so the first real request pays no first-use costs.
-fn warm_up(proposer: &dyn Proposer) -> Result<(), ServeError> {
-    Ok(proposer.warm_up()?)
 }
