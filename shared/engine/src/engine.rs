@@ -443,7 +443,7 @@ impl<'e> Generation<'e> {
             return Ok((accept_greedy(&draft.tokens, &ids), None));
         }
         let uncontrolled = !controlled && self.req.logprobs.is_none();
-        if !sampling.is_greedy() && uncontrolled && fetches(logits, self.req.verification) {
+        if !sampling.is_greedy() && uncontrolled && fetches(self.req.verification) {
             let first = self.history.generated();
             let v = self.req.verification;
             return accept_fetching(v, logits, draft, &mut self.sampler, first);
