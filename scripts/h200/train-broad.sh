@@ -8,7 +8,9 @@
 #   train-broad.sh stage DIR    unpack what DIR holds into /tmp/w (parts are appended)
 #   train-broad.sh start        check the GGUF, then in the background: run A (the shipped
 #                               drafter moved to this corpus's draft vocabulary and trained
-#                               on), which makes every sample first; with SHAPE_RUN=1, once
+#                               on; GROW_LAYERS / GROW_FF_MULT grow it first to that many
+#                               layers / that feed-forward multiple), which makes every
+#                               sample first; with SHAPE_RUN=1, once
 #                               they are stored, run B (a wider, deeper drafter from scratch)
 #                               beside it (each then trains at about half the pace)
 #   train-broad.sh wait SECS    wait up to SECS while the runs go on; print their logs' ends
@@ -18,6 +20,7 @@ W=/tmp/w
 GGUF_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 export TANDEM_MODELS_DIR=$W/models
 STEPS=${STEPS:-3000}
+GROW="${GROW_LAYERS:+--grow-layers $GROW_LAYERS} ${GROW_FF_MULT:+--grow-ff-mult $GROW_FF_MULT}"
 
 data_flags() {
   echo --corpus "$W/corpus/train" --prompt-tokens 64 --continuation-tokens 64 \
@@ -49,7 +52,7 @@ start)
   cd "$W"
   # shellcheck disable=SC2046
   setsid nohup bash -c "
-    ./tandem train-drafter $(data_flags) --out $W/a --init-from $W/shipped --rebuild-vocab \
+    ./tandem train-drafter $(data_flags) --out $W/a --init-from $W/shipped --rebuild-vocab $GROW \
       --steps $STEPS --lr 1.5e-3 > $W/a.log 2>&1 &
     [ \"${SHAPE_RUN:-0}\" = 1 ] || exit 0
     until grep -q 'draft vocabulary of' $W/a.log 2>/dev/null; do sleep 5; done

@@ -6,14 +6,15 @@
 //! sequences at a time) and the drafter's training both run on the GPU. Continuations are
 //! greedy or sampled (`--temperatures`, one per prompt); `--pregenerate` makes every
 //! sample before the first step; `--rebuild-vocab` gives an `--init-from` drafter the
-//! draft vocabulary of this corpus.
+//! draft vocabulary of this corpus, `--grow-layers` / `--grow-ff-mult` a larger shape that
+//! starts out drafting what it drafted.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::Args;
-use tandem_dspark::{Dspark, DsparkConfig};
+use tandem_dspark::{Dspark, DsparkConfig, Growth};
 use tandem_gemma::Gemma3Model;
 use tandem_tokenizer::GemmaTokenizer;
 use tandem_train::batch::frequent_ids;
@@ -96,6 +97,14 @@ pub struct TrainArgs {
     /// would) and keep the Markov head's rows of the ids both vocabularies share.
     #[arg(long, requires = "init_from")]
     rebuild_vocab: bool,
+    /// With --init-from: grow the drafter to this many backbone layers (new ones start as
+    /// identities, so the grown drafter drafts what it did).
+    #[arg(long, requires = "init_from")]
+    grow_layers: Option<usize>,
+    /// With --init-from: widen every feed-forward to this multiple of the width (new units
+    /// start silent).
+    #[arg(long, requires = "init_from")]
+    grow_ff_mult: Option<usize>,
     /// Temperatures of the training continuations, each prompt written at one of them
     /// (picked by a hash of the prompt; 0 = greedy). Held-out continuations stay greedy.
     #[arg(long, value_delimiter = ',', default_value = "0")]
@@ -278,6 +287,7 @@ fn train<M: Gemma3Model>(
         (false, Some(dir)) => {
             let d = Dspark::load(dir, &model.head())
                 .with_context(|| format!("loading {}", dir.display()))?;
+            let d = grow(d, a)?;
             match a.rebuild_vocab {
                 true => d.with_draft_vocab(vocab(&mut train, d.vocab().len())?, a.seed)?,
                 false => d,
@@ -296,6 +306,23 @@ fn train<M: Gemma3Model>(
     }
     trainer.run(&a.out, &mut |e| print_event(&e, a.steps))?;
     Ok(())
+}
+
+/// `d` grown to `--grow-layers` / `--grow-ff-mult` where they ask for more.
+fn grow(d: Dspark, a: &TrainArgs) -> Result<Dspark> {
+    let cfg = d.config();
+    let to = Growth {
+        layers: a.grow_layers.unwrap_or(cfg.n_layers),
+        ff_mult: a.grow_ff_mult.unwrap_or(cfg.ff_mult),
+    };
+    if (to.layers, to.ff_mult) == (cfg.n_layers, cfg.ff_mult) {
+        return Ok(d);
+    }
+    eprintln!(
+        "[grown from {} layers, ff_mult {} to {} layers, ff_mult {}]",
+        cfg.n_layers, cfg.ff_mult, to.layers, to.ff_mult
+    );
+    Ok(d.grown(to, a.seed)?)
 }
 
 /// Makes every training sample up front, printing progress.

@@ -15,6 +15,8 @@
 //! * [`BatchedDrafter`] drafts the blocks of sessions that ask at once in one pass
 //!   ([`Drafter::draft_many`]), each block what the session would get alone.
 //! * [`DsparkProposer`] implements [`tandem_core::Proposer`] over any of them.
+//! * [`Dspark::grown`] adds layers and feed-forward width to a trained drafter without
+//!   changing what it drafts, so a larger shape trains on from a smaller one's weights.
 //! * Checkpoints are safetensors plus a manifest bound to the target's identity.
 
 mod backbone;
@@ -27,6 +29,7 @@ mod device_context;
 mod draft;
 mod error;
 mod frozen;
+mod grow;
 mod model;
 mod params;
 mod proposer;
@@ -43,6 +46,7 @@ pub use device::DeviceDrafter;
 pub use device_context::DeviceContext;
 pub use draft::{ContextCache, DraftRequest, Drafter, ScoredBlock};
 pub use error::{DsparkError, Result};
+pub use grow::Growth;
 pub use model::Dspark;
 pub use proposer::{BlockDrafter, DsparkProposer};
 pub use train::{TrainBatch, TrainOutput};

@@ -1,5 +1,6 @@
 //! Checkpoints and configs: bit-exact save/load (single file and sharded), reproducible
-//! initialisation, rejection of another target's drafter and of invalid configs.
+//! initialisation, rejection of another target's drafter and of invalid configs, moving
+//! to another draft vocabulary and growing a trained drafter.
 
 mod common;
 
@@ -7,9 +8,9 @@ use common::*;
 use tandem_core::{Sampler, SamplingParams};
 use tandem_dspark::{
     check_manifest, index_shards, load_calibration, DraftRequest, Dspark, DsparkConfig,
-    DsparkError, SaveOptions, TargetDims, MANIFEST,
+    DsparkError, Growth, SaveOptions, TargetDims, MANIFEST,
 };
-use tandem_testkit::Lcg;
+use tandem_testkit::{max_abs_diff, Lcg};
 
 fn drafted(model: &Dspark, head: &tandem_gemma::TargetHead) -> Vec<u32> {
     let drafter = model.drafter(head).expect("drafter");
@@ -271,4 +272,79 @@ fn another_draft_vocabulary_keeps_the_shared_markov_rows() {
         assert_eq!((w2n[k * 4 + 1], w2n[k * 4 + 3]), (0.0, 0.0));
     }
     assert!(model.with_draft_vocab(vec![5, 5], 9).is_err());
+}
+
+/// A drafter grown by two layers and a doubled feed-forward drafts what it drafted before
+/// (same logits and confidences over an incrementally built context), keeps every old
+/// weight, starts its new residual branches at zero, survives a save and load, and
+/// refuses to shrink.
+#[test]
+fn a_grown_drafter_scores_what_it_scored_before() {
+    let head = tiny_head(1);
+    let model = busy_drafter(tiny_config(), &head, 4);
+    let grown = model
+        .grown(
+            Growth {
+                layers: 4,
+                ff_mult: 4,
+            },
+            7,
+        )
+        .expect("grow");
+    assert_eq!((grown.config().n_layers, grown.config().ff_mult), (4, 4));
+    let get = |m: &Dspark, n: &str| {
+        let bits = param_bits(m);
+        let v = &bits.iter().find(|(x, _)| x == n).expect("param").1;
+        v.iter().map(|b| f32::from_bits(*b)).collect::<Vec<f32>>()
+    };
+    let (d, ff) = (16, 32);
+    assert!(get(&grown, "bb.3.o").iter().all(|x| *x == 0.0));
+    assert!(get(&grown, "bb.2.down").iter().all(|x| *x == 0.0));
+    assert!(get(&grown, "bb.2.q").iter().any(|x| *x != 0.0));
+    assert!(get(&grown, "bb.1.down")[ff * d..].iter().all(|x| *x == 0.0));
+    assert_eq!(
+        get(&grown, "bb.1.down")[..ff * d],
+        get(&model, "bb.1.down")[..]
+    );
+    let (gate, wide) = (get(&model, "bb.0.gate"), get(&grown, "bb.0.gate"));
+    for r in 0..d {
+        assert_eq!(
+            wide[r * 2 * ff..r * 2 * ff + ff],
+            gate[r * ff..(r + 1) * ff]
+        );
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    grown.save(tmp.path()).expect("save");
+    let loaded = Dspark::load(tmp.path(), &head).expect("load");
+    let mut rng = Lcg::new(3);
+    let rows = taps(&mut rng, 9, model.row_width());
+    let score = |m: &Dspark| {
+        let drafter = m.drafter(&head).expect("drafter");
+        let mut cache = drafter.new_cache();
+        drafter.extend(&mut cache, &rows).expect("extend");
+        let s = drafter.score(&cache, &[3, 9, 4, 1]).expect("score");
+        (s.logits.concat(), s.confidences)
+    };
+    let (want, got, back) = (score(&model), score(&grown), score(&loaded));
+    assert!(max_abs_diff(&want.0, &got.0) < 1e-5);
+    assert!(max_abs_diff(&want.1, &got.1) < 1e-6);
+    assert_eq!(got, back);
+    assert!(grown
+        .grown(
+            Growth {
+                layers: 3,
+                ff_mult: 4
+            },
+            7
+        )
+        .is_err());
+    assert!(grown
+        .grown(
+            Growth {
+                layers: 4,
+                ff_mult: 2
+            },
+            7
+        )
+        .is_err());
 }
