@@ -10,7 +10,9 @@
 #                               drafter moved to this corpus's draft vocabulary and trained
 #                               on; GROW_LAYERS / GROW_FF_MULT grow it first to that many
 #                               layers / that feed-forward multiple), which makes every
-#                               sample first; with SHAPE_RUN=1, once
+#                               sample first and, where it fails (a batch's peak can run
+#                               the GPU out of memory), resumes from its last checkpoint
+#                               (every 100 steps) up to 8 times; with SHAPE_RUN=1, once
 #                               they are stored, run B (a wider, deeper drafter from scratch)
 #                               beside it (each then trains at about half the pace)
 #   train-broad.sh wait SECS    wait up to SECS while the runs go on; print their logs' ends
@@ -27,7 +29,7 @@ data_flags() {
     --train-prompts "${PROMPTS:-24000}" --held-out-prompts 64 --held-out-percent 5 \
     --keep 64 --temperatures 0,0.7,1 --teacher-batch 512 --samples-cache "$W/cache" \
     --pregenerate --vocab-samples 4096 --seed 4 \
-    --samples-per-step 32 --batch 1024 --warmup 50 --eval-every 250 --checkpoint-every 250 \
+    --samples-per-step 32 --batch 1024 --warmup 50 --eval-every 250 --checkpoint-every 100 \
     --device cuda
 }
 
@@ -52,8 +54,13 @@ start)
   cd "$W"
   # shellcheck disable=SC2046
   setsid nohup bash -c "
-    ./tandem train-drafter $(data_flags) --out $W/a --init-from $W/shipped --rebuild-vocab $GROW \
-      --steps $STEPS --lr 1.5e-3 > $W/a.log 2>&1 &
+    : > $W/a.log
+    (./tandem train-drafter $(data_flags) --out $W/a --init-from $W/shipped --rebuild-vocab $GROW \
+      --steps $STEPS --lr 1.5e-3 || for i in 1 2 3 4 5 6 7 8; do
+        [ -f $W/a/trainer.json ] || break
+        echo \"[run A failed; resuming from its last checkpoint, try \$i]\"
+        ./tandem train-drafter $(data_flags) --out $W/a --resume --steps $STEPS --lr 1.5e-3 && break
+      done) >> $W/a.log 2>&1 &
     [ \"${SHAPE_RUN:-0}\" = 1 ] || exit 0
     until grep -q 'draft vocabulary of' $W/a.log 2>/dev/null; do sleep 5; done
     ./tandem train-drafter $(data_flags) --out $W/b --d-draft 384 --layers 3 --heads 6 \
