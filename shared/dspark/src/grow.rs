@@ -42,11 +42,7 @@ impl Dspark {
             ..cfg.clone()
         };
         grown.validate(&self.dims)?;
-        let mut tensors: HashMap<String, Tensor> = self
-            .vars()
-            .into_iter()
-            .map(|(n, v)| Ok((n, v.as_tensor().detach().to_device(&Device::Cpu)?)))
-            .collect::<Result<_>>()?;
+        let mut tensors = self.tensors_on(&Device::Cpu)?;
         let (d, ff) = (cfg.d_draft, cfg.ff_mult * cfg.d_draft);
         let ff_new = to.ff_mult * d;
         let mut fresh = Fresh { seed, drawn: 0 };

@@ -66,11 +66,7 @@ impl Dspark {
     /// The same drafter with its parameters copied to `device`, as fresh `Var`s (training
     /// the copy leaves this one unchanged).
     pub fn to_device(&self, device: &Device) -> Result<Self> {
-        let tensors = self
-            .vars()
-            .into_iter()
-            .map(|(n, v)| Ok((n, v.as_tensor().detach().to_device(device)?)))
-            .collect::<Result<HashMap<_, _>>>()?;
+        let tensors = self.tensors_on(device)?;
         Ok(Self {
             cfg: self.cfg.clone(),
             dims: self.dims,
@@ -112,11 +108,7 @@ impl Dspark {
             }
         }
         w1.extend_from_slice(&w1_old[vd_old * r..(vd_old + 1) * r]);
-        let mut tensors: HashMap<String, Tensor> = self
-            .vars()
-            .into_iter()
-            .map(|(n, v)| Ok((n, v.as_tensor().detach().to_device(&Device::Cpu)?)))
-            .collect::<Result<_>>()?;
+        let mut tensors = self.tensors_on(&Device::Cpu)?;
         let vd = vocab.len();
         tensors.insert(
             "markov.w1".into(),
@@ -140,6 +132,15 @@ impl Dspark {
     /// storage with the model: an optimizer stepping them updates the drafter.
     pub fn vars(&self) -> Vec<(String, Var)> {
         self.params.named()
+    }
+
+    /// A detached copy of every parameter on `device`, by name (what a reshaped drafter
+    /// is assembled from).
+    pub(crate) fn tensors_on(&self, device: &Device) -> Result<HashMap<String, Tensor>> {
+        self.vars()
+            .into_iter()
+            .map(|(n, v)| Ok((n, v.as_tensor().detach().to_device(device)?)))
+            .collect()
     }
 
     pub(crate) fn check_target(&self, head: &TargetHead) -> Result<()> {

@@ -253,13 +253,10 @@ fn another_draft_vocabulary_keeps_the_shared_markov_rows() {
             assert_eq!(a, b, "{name} changed");
         }
     }
-    let get = |bits: &[(String, Vec<u32>)], n: &str| {
-        let v = &bits.iter().find(|(x, _)| x == n).expect("param").1;
-        v.iter().map(|b| f32::from_bits(*b)).collect::<Vec<f32>>()
-    };
     let r = model.config().markov_rank;
-    let (w1, w1n) = (get(&old, "markov.w1"), get(&new, "markov.w1"));
-    let (w2, w2n) = (get(&old, "markov.w2"), get(&new, "markov.w2"));
+    let get = param_values;
+    let (w1, w1n) = (get(&model, "markov.w1"), get(&moved, "markov.w1"));
+    let (w2, w2n) = (get(&model, "markov.w2"), get(&moved, "markov.w2"));
     let row = |w: &[f32], i: usize| w[i * r..(i + 1) * r].to_vec();
     // 33 was draft index 3, 5 was 0; 7 and 40 are new; the outside row is last.
     assert_eq!(row(&w1n, 0), row(&w1, 3));
@@ -292,11 +289,7 @@ fn a_grown_drafter_scores_what_it_scored_before() {
         )
         .expect("grow");
     assert_eq!((grown.config().n_layers, grown.config().ff_mult), (4, 4));
-    let get = |m: &Dspark, n: &str| {
-        let bits = param_bits(m);
-        let v = &bits.iter().find(|(x, _)| x == n).expect("param").1;
-        v.iter().map(|b| f32::from_bits(*b)).collect::<Vec<f32>>()
-    };
+    let get = param_values;
     let (d, ff) = (16, 32);
     assert!(get(&grown, "bb.3.o").iter().all(|x| *x == 0.0));
     assert!(get(&grown, "bb.2.down").iter().all(|x| *x == 0.0));

@@ -86,3 +86,14 @@ pub fn param_bits(model: &Dspark) -> Vec<(String, Vec<u32>)> {
         })
         .collect()
 }
+
+/// The values of `model`'s parameter `name`, flattened.
+pub fn param_values(model: &Dspark, name: &str) -> Vec<f32> {
+    let var = model
+        .vars()
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .expect("param")
+        .1;
+    var.flatten_all().expect("flat").to_vec1().expect("vec")
+}
