@@ -3,7 +3,9 @@
 # most ten minutes; the machine keeps /tmp while calls follow each other). Files travel in
 # folders under .dev/ (ignored by git), one carried per call: tandem-cuda.xz
 # (scripts/build-cuda.sh), tokenizer.json.xz, corpus.tar.xz (scripts/fetch-corpus.sh's
-# train/ folder), shipped.tar (the shipped drafter; without it the repository's copy) and the GGUF in parts gguf.partNN.
+# train/ folder), shipped.tar (the drafter to start from, a folder gemma-3-270m-dspark; without
+# it the repository's shipped one; too large for one call, it may come in parts
+# shipped.tar.partNN) and the GGUF in parts gguf.partNN.
 #
 #   train-broad.sh stage DIR    unpack what DIR holds into /tmp/w (parts are appended)
 #   train-broad.sh start        check the GGUF, then in the background: run A (the shipped
@@ -23,6 +25,8 @@ GGUF_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 export TANDEM_MODELS_DIR=$W/models
 STEPS=${STEPS:-3000}
 GROW="${GROW_LAYERS:+--grow-layers $GROW_LAYERS} ${GROW_FF_MULT:+--grow-ff-mult $GROW_FF_MULT}"
+# REBUILD_VOCAB=0 keeps the starting drafter's draft vocabulary.
+REVOCAB=$([ "${REBUILD_VOCAB:-1}" = 1 ] && echo --rebuild-vocab || true)
 
 data_flags() {
   echo --corpus "$W/corpus/train" --prompt-tokens 64 --continuation-tokens 64 \
@@ -42,20 +46,26 @@ stage)
       *tandem-cuda.xz) xz -dc "$f" > "$W/tandem" && chmod +x "$W/tandem" ;;
       *tokenizer.json.xz) xz -dc "$f" > "$W/models/gemma-3-tokenizer/tokenizer.json" ;;
       *corpus.tar.xz) mkdir -p "$W/corpus" && tar -xJf "$f" -C "$W/corpus" ;;
-      *shipped.tar) tar -xf "$f" -C "$W" && mv "$W/gemma-3-270m-dspark" "$W/shipped" ;;
+      *shipped.tar.part*) cat "$f" >> "$W/shipped.tar.parts" ;;
+      *shipped.tar) cp "$f" "$W/shipped.tar" ;;
     esac
   done
-  [ -d "$W/shipped" ] || cp -r drafters/gemma-3-270m-dspark "$W/shipped"
   ls -l "$W" "$W/models/gemma-3-270m"
   ;;
 start)
+  [ -f "$W/shipped.tar.parts" ] && mv "$W/shipped.tar.parts" "$W/shipped.tar"
+  if [ -f "$W/shipped.tar" ]; then
+    rm -rf "$W/shipped" && tar -xf "$W/shipped.tar" -C "$W" && mv "$W/gemma-3-270m-dspark" "$W/shipped"
+  fi
+  [ -d "$W/shipped" ] || cp -r drafters/gemma-3-270m-dspark "$W/shipped"
+  sha256sum "$W/shipped"/*.safetensors
   echo "$GGUF_SHA256  $W/models/gemma-3-270m/gemma-3-270m-q4_k_m.gguf" | sha256sum -c
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
   cd "$W"
   # shellcheck disable=SC2046
   setsid nohup bash -c "
     : > $W/a.log
-    (./tandem train-drafter $(data_flags) --out $W/a --init-from $W/shipped --rebuild-vocab $GROW \
+    (./tandem train-drafter $(data_flags) --out $W/a --init-from $W/shipped $REVOCAB $GROW \
       --steps $STEPS --lr 1.5e-3 || for i in 1 2 3 4 5 6 7 8; do
         [ -f $W/a/trainer.json ] || break
         echo \"[run A failed; resuming from its last checkpoint, try \$i]\"
