@@ -25,7 +25,8 @@ GGUF_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 export TANDEM_MODELS_DIR=$W/models
 STEPS=${STEPS:-3000}
 GROW="${GROW_LAYERS:+--grow-layers $GROW_LAYERS} ${GROW_FF_MULT:+--grow-ff-mult $GROW_FF_MULT}"
-# REBUILD_VOCAB=0 keeps the starting drafter's draft vocabulary.
+# REBUILD_VOCAB=0 keeps the starting drafter's draft vocabulary; TRAIN_ONLY=bb.2.,bb.3.
+# steps only those parameters (a grown drafter's new layers), the rest stay as they start.
 REVOCAB=$([ "${REBUILD_VOCAB:-1}" = 1 ] && echo --rebuild-vocab || true)
 
 data_flags() {
@@ -34,7 +35,7 @@ data_flags() {
     --keep 64 --temperatures 0,0.7,1 --teacher-batch 512 --samples-cache "$W/cache" \
     --pregenerate --vocab-samples 4096 --seed 4 \
     --samples-per-step 32 --batch 1024 --warmup 50 --eval-every 250 --checkpoint-every 100 \
-    --device cuda
+    --device cuda ${TRAIN_ONLY:+--train-only $TRAIN_ONLY}
 }
 
 case "${1:-}" in

@@ -105,6 +105,11 @@ pub struct TrainArgs {
     /// start silent).
     #[arg(long, requires = "init_from")]
     grow_ff_mult: Option<usize>,
+    /// Step only the parameters whose names start with one of these prefixes (`bb.2.,bb.3.`:
+    /// a grown drafter's new layers), the rest staying as loaded; give it again with
+    /// --resume.
+    #[arg(long, value_delimiter = ',')]
+    train_only: Vec<String>,
     /// Temperatures of the training continuations, each prompt written at one of them
     /// (picked by a hash of the prompt; 0 = greedy). Held-out continuations stay greedy.
     #[arg(long, value_delimiter = ',', default_value = "0")]
@@ -169,6 +174,7 @@ impl TrainArgs {
             eval_every: self.eval_every,
             eval_stride: 4,
             checkpoint_every: self.checkpoint_every,
+            train_only: self.train_only.clone(),
             device: Device::Cpu,
         })
     }

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use candle_core::{Device, Tensor};
+use candle_core::{Device, Tensor, Var};
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use serde::Serialize;
@@ -42,6 +42,9 @@ pub struct TrainConfig {
     pub eval_stride: usize,
     /// Save a checkpoint every this many steps (0 = only at the end).
     pub checkpoint_every: usize,
+    /// Prefixes of the names of the parameters the optimizer steps (`bb.2.`: the third
+    /// backbone layer); the others stay as loaded. Empty: every parameter.
+    pub train_only: Vec<String>,
     /// Where the drafter trains (the CPU, or a GPU with the `cuda` feature).
     #[serde(skip)]
     pub device: Device,
@@ -132,7 +135,7 @@ impl<'m, M: Gemma3Model> Trainer<'m, M> {
         let head_rows = head
             .dense_rows(drafter.vocab().ids())?
             .to_device(&cfg.device)?;
-        let opt = AdamW::new(drafter.vars(), cfg.adamw)?;
+        let opt = AdamW::new(stepped(&drafter, &cfg.train_only)?, cfg.adamw)?;
         Ok(Self {
             model,
             head,
@@ -166,7 +169,7 @@ impl<'m, M: Gemma3Model> Trainer<'m, M> {
             .head
             .dense_rows(drafter.vocab().ids())?
             .to_device(dev)?;
-        self.opt = AdamW::new(drafter.vars(), self.cfg.adamw)?;
+        self.opt = AdamW::new(stepped(&drafter, &self.cfg.train_only)?, self.cfg.adamw)?;
         let moments = r
             .moments
             .into_iter()
@@ -190,14 +193,19 @@ impl<'m, M: Gemma3Model> Trainer<'m, M> {
 
     /// Settings that must match on resume.
     fn fingerprint(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut f = serde_json::json!({
             "seed": self.cfg.seed,
             "samples_per_step": self.cfg.samples_per_step,
             "anchors_per_sample": self.cfg.anchors_per_sample,
             "train_prompts": self.train.len(),
             "continuation_tokens": self.train.config().continuation_tokens,
             "schedule": self.cfg.schedule,
-        })
+        });
+        // Absent when every parameter trains, as checkpoints made before the setting had it.
+        if !self.cfg.train_only.is_empty() {
+            f["train_only"] = serde_json::json!(self.cfg.train_only);
+        }
+        f
     }
 
     /// Saves a checkpoint into `dir`.
@@ -323,5 +331,24 @@ impl<'m, M: Gemma3Model> Trainer<'m, M> {
             tv: (tv_sum / n) as f32,
             tau: (1.0 + acc_sum / n) as f32,
         })
+    }
+}
+
+/// The parameters of `drafter` the optimizer steps: those whose names start with one of
+/// `prefixes` (every one when there are none).
+fn stepped(drafter: &Dspark, prefixes: &[String]) -> Result<Vec<(String, Var)>> {
+    let vars = drafter.vars();
+    if prefixes.is_empty() {
+        return Ok(vars);
+    }
+    let kept: Vec<_> = (vars.into_iter())
+        .filter(|(name, _)| prefixes.iter().any(|p| name.starts_with(p.as_str())))
+        .collect();
+    match kept.is_empty() {
+        true => Err(TrainError::Invalid(format!(
+            "no parameter's name starts with {}",
+            prefixes.join(", ")
+        ))),
+        false => Ok(kept),
     }
 }

@@ -75,6 +75,7 @@ pub fn train_config(steps: usize) -> TrainConfig {
         eval_every: 0,
         eval_stride: 1,
         checkpoint_every: 0,
+        train_only: Vec::new(),
         device: candle_core::Device::Cpu,
     }
 }
