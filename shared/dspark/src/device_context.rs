@@ -12,7 +12,9 @@
 //!   MAX_EXTEND_ROWS, d]`, where `spans` (a power of two, at least [`MIN_SPAN`]) bounds the
 //!   positions it serves; a context that outgrows it moves to storage twice as large (its
 //!   steps, bound to the old addresses, are dropped), and a dropped context's storage,
-//!   with its steps, goes to the next session;
+//!   with its steps, goes to the next session — up to [`MAX_SPARE`] of them, none serving
+//!   more than [`MAX_SPARE_SPANS`] positions, so a burst of sessions or one long context
+//!   does not keep its device memory for good;
 //! * appended rows are padded to one of [`EXTEND_ROWS`] rows and scattered to their
 //!   positions held on the device; the padding lands past the context's length, where the
 //!   mask hides it until later rows overwrite it;
@@ -37,6 +39,11 @@ pub(crate) const EXTEND_ROWS: [usize; 4] = [1, 4, 9, 16];
 /// The most rows one extend step appends, and the rows past `spans` that storage keeps
 /// for its padding.
 pub(crate) const MAX_EXTEND_ROWS: usize = EXTEND_ROWS[EXTEND_ROWS.len() - 1];
+
+/// Dropped contexts' storage kept for the next sessions, at most.
+pub(crate) const MAX_SPARE: usize = 64;
+/// The most positions a kept storage serves (larger storage is freed with its context).
+pub(crate) const MAX_SPARE_SPANS: usize = 4096;
 
 /// Where contexts' storage comes from: the shape of new storage, and dropped contexts'
 /// storage for the next session.
@@ -124,13 +131,15 @@ impl DeviceContext {
 
 impl Drop for DeviceContext {
     fn drop(&mut self) {
-        if let Some(storage) = self.storage.take() {
+        if let Some(storage) = self.storage.take().filter(|s| s.spans <= MAX_SPARE_SPANS) {
             let mut spare = self
                 .pool
                 .spare
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            spare.push(storage);
+            if spare.len() < MAX_SPARE {
+                spare.push(storage);
+            }
         }
     }
 }
@@ -265,5 +274,45 @@ impl BlockStep {
             io,
             replay: Replayed::default(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spares(pool: &StoragePool) -> Vec<usize> {
+        let spare = pool.spare.lock().unwrap_or_else(PoisonError::into_inner);
+        spare.iter().map(|s| s.spans).collect()
+    }
+
+    /// A dropped context's storage goes back to the pool for the next session, but the
+    /// pool keeps at most `MAX_SPARE` of them and none grown past `MAX_SPARE_SPANS`.
+    #[test]
+    fn the_pool_keeps_a_bounded_number_of_small_spares() -> Result<()> {
+        let pool = StoragePool::new(1, 4, &Device::Cpu);
+        let mut contexts: Vec<DeviceContext> = (0..MAX_SPARE + 3)
+            .map(|_| DeviceContext::new(&pool))
+            .collect();
+        for c in &mut contexts {
+            c.storage_for(1)?;
+        }
+        let mut long = DeviceContext::new(&pool);
+        long.storage_for(MAX_SPARE_SPANS + 1)?;
+        drop(long);
+        assert!(
+            spares(&pool).is_empty(),
+            "storage past the span limit is freed"
+        );
+        drop(contexts);
+        assert_eq!(spares(&pool), vec![MIN_SPAN; MAX_SPARE]);
+        let mut next = DeviceContext::new(&pool);
+        next.storage_for(1)?;
+        assert_eq!(
+            spares(&pool).len(),
+            MAX_SPARE - 1,
+            "a new session reuses a spare"
+        );
+        Ok(())
     }
 }
