@@ -8,7 +8,8 @@
 //!
 //! * the cache of one sequence is allocated whole, at fixed addresses, for
 //!   [`STEP_POSITIONS`] positions; a dropped cache's storage, with its steps and graphs,
-//!   goes to the next sequence;
+//!   goes to the next sequence (up to [`MAX_SPARE_CACHES`] kept, so a burst of sequences
+//!   does not keep its device memory for good);
 //! * the block's embedded rows and positions are copied into input tensors the step owns;
 //!   rotations are gathered from device tables by position, keys and values are scattered
 //!   to their positions, and attention covers a fixed span of the cache (the smallest power
@@ -59,6 +60,10 @@ const MIN_SPAN: usize = 256;
 /// What a masked score gets added (finite, so that masks are made by arithmetic; its
 /// exponential is exactly zero next to any visible score, as `-inf`'s is).
 const MASKED: f64 = -1e30;
+
+/// Dropped caches' storage kept for the next sequences, at most (75 MB each for Gemma 3
+/// 270M in bf16).
+pub(crate) const MAX_SPARE_CACHES: usize = 32;
 
 /// Dropped caches' storage, for the next sequence.
 type Spare = Arc<Mutex<Vec<CacheParts>>>;
@@ -121,7 +126,9 @@ impl CacheSteps {
             steps: self.steps,
         };
         let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
-        spare.push(parts);
+        if spare.len() < MAX_SPARE_CACHES {
+            spare.push(parts);
+        }
     }
 }
 
@@ -389,5 +396,25 @@ impl DeviceGemma3 {
             taps: rows,
             last_hidden,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Dropped caches go back for the next sequences, at most `MAX_SPARE_CACHES` of them.
+    #[test]
+    fn at_most_the_spare_limit_of_dropped_caches_is_kept() {
+        let spare = Spare::default();
+        for _ in 0..MAX_SPARE_CACHES + 5 {
+            let steps = CacheSteps {
+                steps: HashMap::new(),
+                spare: spare.clone(),
+            };
+            steps.give_back(Vec::new(), Vec::new());
+        }
+        let kept = spare.lock().unwrap_or_else(PoisonError::into_inner).len();
+        assert_eq!(kept, MAX_SPARE_CACHES);
     }
 }
