@@ -23,10 +23,10 @@
 //!   context's length.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
-use tandem_gemma::Replayed;
+use tandem_gemma::{Replayed, Spares};
 
 use crate::error::Result;
 
@@ -51,7 +51,7 @@ pub(crate) struct StoragePool {
     layers: usize,
     d: usize,
     device: Device,
-    spare: Mutex<Vec<Storage>>,
+    spare: Spares<Storage>,
 }
 
 impl StoragePool {
@@ -61,17 +61,12 @@ impl StoragePool {
             layers,
             d,
             device: device.clone(),
-            spare: Mutex::default(),
+            spare: Spares::new(MAX_SPARE),
         })
     }
 
     fn take(&self) -> Result<Storage> {
-        let reused = self
-            .spare
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        match reused {
+        match self.spare.take() {
             Some(s) => Ok(s),
             None => Storage::new(self.layers, MIN_SPAN, self.d, &self.device),
         }
@@ -132,14 +127,7 @@ impl DeviceContext {
 impl Drop for DeviceContext {
     fn drop(&mut self) {
         if let Some(storage) = self.storage.take().filter(|s| s.spans <= MAX_SPARE_SPANS) {
-            let mut spare = self
-                .pool
-                .spare
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if spare.len() < MAX_SPARE {
-                spare.push(storage);
-            }
+            self.pool.spare.give(storage);
         }
     }
 }
@@ -281,9 +269,12 @@ impl BlockStep {
 mod tests {
     use super::*;
 
+    /// The spans of the pool's spares (taken out to look and given back).
     fn spares(pool: &StoragePool) -> Vec<usize> {
-        let spare = pool.spare.lock().unwrap_or_else(PoisonError::into_inner);
-        spare.iter().map(|s| s.spans).collect()
+        let kept: Vec<Storage> = std::iter::from_fn(|| pool.spare.take()).collect();
+        let spans = kept.iter().map(|s| s.spans).collect();
+        kept.into_iter().for_each(|s| pool.spare.give(s));
+        spans
     }
 
     /// A dropped context's storage goes back to the pool for the next session, but the

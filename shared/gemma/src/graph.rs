@@ -5,9 +5,11 @@
 //! fills candle's layout cache, see [`crate::with_cached_layouts`]), captures it then where
 //! asked and the device is a CUDA GPU, and replays the graph after. A capture that fails
 //! leaves the work op by op, with a warning. The target's fixed-shape steps and the device
-//! drafter's both use it.
+//! drafter's both use it, and keep the storage their graphs are bound to in [`Spares`] for
+//! the next sequence.
 
 use std::fmt::Display;
+use std::sync::{Mutex, PoisonError};
 
 use candle_core::Device;
 
@@ -117,5 +119,65 @@ impl Graph {
 
     fn launch(&self) -> Result<()> {
         match *self {}
+    }
+}
+
+/// Storage whose user is done (with the graphs bound to its addresses), kept for the next
+/// user: at most `max` items, the rest freed, so a burst of sequences does not keep its
+/// device memory for good.
+pub struct Spares<T> {
+    max: usize,
+    items: Mutex<Vec<T>>,
+}
+
+impl<T> Spares<T> {
+    /// An empty pool keeping at most `max` items.
+    pub fn new(max: usize) -> Self {
+        Self {
+            max,
+            items: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A kept item, if any.
+    pub fn take(&self) -> Option<T> {
+        self.items().pop()
+    }
+
+    /// Keeps `item` for the next user, or frees it when `max` are kept.
+    pub fn give(&self, item: T) {
+        let mut items = self.items();
+        if items.len() < self.max {
+            items.push(item);
+        }
+    }
+
+    /// Items kept now.
+    pub fn len(&self) -> usize {
+        self.items().len()
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn items(&self) -> std::sync::MutexGuard<'_, Vec<T>> {
+        self.items.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Given items come back last in, first out, and at most `max` are kept.
+    #[test]
+    fn spares_keep_at_most_their_limit() {
+        let spares = Spares::new(3);
+        (0..5).for_each(|i| spares.give(i));
+        assert_eq!(spares.len(), 3);
+        assert_eq!(spares.take(), Some(2));
+        assert_eq!(spares.len(), 2);
     }
 }

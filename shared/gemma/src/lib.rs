@@ -35,7 +35,7 @@ pub use gemma3::{
 };
 pub use gguf::inspect_gguf;
 pub use golden::{GoldenCase, GoldenFixture};
-pub use graph::Replayed;
+pub use graph::{Replayed, Spares};
 pub use launch::{argmax_rows, prepare_device, rms_norm, with_cached_layouts};
 pub use loader::verify_sha256;
 pub use tandem_kernels::TopRow;

@@ -31,7 +31,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 
@@ -42,7 +42,7 @@ use super::device_frame::{Context, Store};
 use super::model::{ForwardOptions, ForwardOutput, LogitsMode};
 use super::step_clock::StepClock;
 use crate::error::Result;
-use crate::graph::Replayed;
+use crate::graph::{Replayed, Spares};
 use crate::launch::{rms_norm, with_cached_layouts};
 use crate::ops::Rope;
 
@@ -66,7 +66,7 @@ const MASKED: f64 = -1e30;
 pub(crate) const MAX_SPARE_CACHES: usize = 32;
 
 /// Dropped caches' storage, for the next sequence.
-type Spare = Arc<Mutex<Vec<CacheParts>>>;
+type Spare = Arc<Spares<CacheParts>>;
 
 /// What the fixed-shape steps of one model share.
 pub(crate) struct StepShared {
@@ -93,7 +93,7 @@ impl StepShared {
             local: table(ropes[0])?,
             global: table(ropes[1])?,
             positions,
-            spare: Spare::default(),
+            spare: Arc::new(Spares::new(MAX_SPARE_CACHES)),
         })
     }
 }
@@ -125,10 +125,7 @@ impl CacheSteps {
             v,
             steps: self.steps,
         };
-        let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
-        if spare.len() < MAX_SPARE_CACHES {
-            spare.push(parts);
-        }
+        self.spare.give(parts);
     }
 }
 
@@ -192,12 +189,7 @@ impl DeviceGemma3 {
         if batch != 1 || max_len > shared.positions {
             return None;
         }
-        let reused = shared
-            .spare
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        let parts = match reused {
+        let parts = match shared.spare.take() {
             Some(parts) => parts,
             None => self.new_parts(shared.positions).ok()?,
         };
@@ -406,7 +398,7 @@ mod tests {
     /// Dropped caches go back for the next sequences, at most `MAX_SPARE_CACHES` of them.
     #[test]
     fn at_most_the_spare_limit_of_dropped_caches_is_kept() {
-        let spare = Spare::default();
+        let spare: Spare = Arc::new(Spares::new(MAX_SPARE_CACHES));
         for _ in 0..MAX_SPARE_CACHES + 5 {
             let steps = CacheSteps {
                 steps: HashMap::new(),
@@ -414,7 +406,6 @@ mod tests {
             };
             steps.give_back(Vec::new(), Vec::new());
         }
-        let kept = spare.lock().unwrap_or_else(PoisonError::into_inner).len();
-        assert_eq!(kept, MAX_SPARE_CACHES);
+        assert_eq!(spare.len(), MAX_SPARE_CACHES);
     }
 }
