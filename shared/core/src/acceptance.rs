@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 
 use crate::block::ExpectedKept;
+use crate::rows::{BuiltRows, TargetRows};
 use crate::sampling::{Sampler, SparseDist};
 
 /// Outcome of verifying one block.
@@ -55,7 +56,18 @@ pub fn accept_greedy(draft: &[u32], target_argmax: &[u32]) -> Verdict {
 pub fn accept_sampled(
     draft: &[u32],
     q: &[SparseDist],
-    mut p: impl FnMut(usize) -> SparseDist,
+    p: impl FnMut(usize) -> SparseDist,
+    rng: &mut Sampler,
+) -> Verdict {
+    accept_sampled_rows(draft, q, &mut BuiltRows::new(p), rng)
+}
+
+/// [`accept_sampled`] reading the target's side from `rows` (in position order, the
+/// positions after a rejection never).
+pub fn accept_sampled_rows(
+    draft: &[u32],
+    q: &[SparseDist],
+    rows: &mut impl TargetRows,
     rng: &mut Sampler,
 ) -> Verdict {
     assert_eq!(
@@ -64,26 +76,20 @@ pub fn accept_sampled(
         "one draft distribution per draft token"
     );
     for (i, d) in draft.iter().enumerate() {
-        let pi = p(i);
-        let (pd, qd) = (pi.prob(*d) as f64, q[i].prob(*d) as f64);
+        let (pd, qd) = (rows.prob(i, *d), q[i].prob(*d) as f64);
         let u = rng.uniform();
         if qd > 0.0 && u * qd < pd {
             continue;
         }
         return Verdict {
             accepted: i,
-            next: residual(&pi, &q[i]).draw(rng.uniform()),
+            next: rows.draw_residual(i, &q[i], rng.uniform()),
         };
     }
     Verdict {
         accepted: draft.len(),
-        next: p(draft.len()).draw(rng.uniform()),
+        next: rows.draw(draft.len(), rng.uniform()),
     }
-}
-
-/// `norm(max(p - q, 0))`; `p` itself when the two coincide (no mass left).
-fn residual(p: &SparseDist, q: &SparseDist) -> SparseDist {
-    weighted_residual(p, 1.0, q).0
 }
 
 /// `norm(max(w·p - q, 0))` and its mass before normalising; `p` itself (and mass 0) when
@@ -158,13 +164,23 @@ impl<'a> ProbIndex<'a> {
 /// the draft: the output is plain seeded decoding's, token for token.
 pub fn accept_seeded(
     draft: &[u32],
-    p: impl Fn(usize) -> SparseDist,
+    p: impl FnMut(usize) -> SparseDist,
+    seed: u64,
+    first: usize,
+) -> Verdict {
+    accept_seeded_rows(draft, &mut BuiltRows::new(p), seed, first)
+}
+
+/// [`accept_seeded`] drawing from `rows`.
+pub fn accept_seeded_rows(
+    draft: &[u32],
+    rows: &mut impl TargetRows,
     seed: u64,
     first: usize,
 ) -> Verdict {
     let mut i = 0;
     loop {
-        let next = p(i).draw(keyed_uniform(seed, (first + i) as u64));
+        let next = rows.draw(i, keyed_uniform(seed, (first + i) as u64));
         match draft.get(i) {
             Some(d) if *d == next => i += 1,
             _ => return Verdict { accepted: i, next },
@@ -240,6 +256,24 @@ impl Verification {
                 let (v, e) = crate::block::accept_block_expected(draft, q, p, rng);
                 (v, Some(e))
             }
+        }
+    }
+
+    /// Verifies by this rule reading the target's side from `rows`, in position order
+    /// (arguments as for [`Verification::accept`]); `None` for block verification, which
+    /// needs every position's whole distribution at once.
+    pub fn accept_in_order(
+        self,
+        draft: &[u32],
+        q: &[SparseDist],
+        rows: &mut impl TargetRows,
+        rng: &mut Sampler,
+        first: usize,
+    ) -> Option<Verdict> {
+        match self {
+            Self::Token => Some(accept_sampled_rows(draft, q, rows, rng)),
+            Self::Seeded => Some(accept_seeded_rows(draft, rows, rng.params().seed, first)),
+            Self::Block => None,
         }
     }
 }
@@ -396,6 +430,10 @@ pub(crate) mod tests {
     }
 
     /// `norm(max(p - q, 0))` computed id by id.
+    fn residual(p: &SparseDist, q: &SparseDist) -> SparseDist {
+        weighted_residual(p, 1.0, q).0
+    }
+
     fn naive_residual(p: &SparseDist, q: &SparseDist) -> Vec<f32> {
         let mass: Vec<f64> = p
             .ids

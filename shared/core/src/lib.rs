@@ -15,6 +15,7 @@ pub mod identity;
 pub mod logprobs;
 pub mod lookup;
 pub mod proposer;
+pub mod rows;
 pub mod sampling;
 pub mod schedule;
 pub mod snapshot;
@@ -22,7 +23,8 @@ pub mod stopping;
 
 pub use ab::{AbError, ArmSummary, Comparison, Interval, PromptRun};
 pub use acceptance::{
-    accept_greedy, accept_sampled, accept_seeded, keyed_uniform, Verdict, Verification,
+    accept_greedy, accept_sampled, accept_sampled_rows, accept_seeded, accept_seeded_rows,
+    keyed_uniform, Verdict, Verification,
 };
 pub use batching::{StepObserver, StepReport};
 pub use block::{accept_block, BlockPlan, ExpectedKept};
@@ -33,6 +35,7 @@ pub use logprobs::{token_logprob, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use proposer::{
     DraftBlock, DraftSource, ProposeError, ProposeRequest, Proposer, ProposerSession,
 };
+pub use rows::{BuiltRows, TargetRows};
 pub use sampling::{
     argmax, distribution, distribution_of, Sampler, SamplingError, SamplingParams, SparseDist,
 };

@@ -5,6 +5,7 @@
 //! forwards and scheduling their draft lengths, loading targets, and the
 //! statistics a generation reports.
 
+mod device_rows;
 mod drafting;
 mod engine;
 mod error;

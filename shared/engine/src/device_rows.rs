@@ -1,0 +1,223 @@
+//! A sampled round's target rows served where the logits are (a GPU) instead of copied to
+//! the host: at temperature alone (no top-k, no top-p) the token-wise and seeded rules need
+//! of a row only a drafted token's probability and a draw, from the row or from the
+//! residual after a rejection. Each row is reduced on its device to the weights
+//! `e^{(x − max)/T}` in chunks of [`CHUNK`] and the chunks' sums; the host walks the 256
+//! sums of a 262,144-token row to the chunk a draw lands in and copies that chunk alone
+//! (4 KB against the row's megabyte). A draw is the one [`SparseDist::draw`] makes of the
+//! host's distribution with the same uniform (cumulative probability in id order), up to
+//! float rounding: the two differ only where the uniform lies within rounding of a boundary
+//! between two tokens, so the output is distributed exactly as the target's either way.
+
+use std::collections::HashMap;
+
+use candle_core::{Device, Tensor};
+use tandem_core::{SparseDist, TargetRows};
+
+/// Tokens per chunk of a reduced row.
+pub(crate) const CHUNK: usize = 1024;
+
+/// Residual mass below which a residual counts as empty and the row itself is drawn from
+/// (as the host's residual does at exactly zero): f32 probabilities rounded on two sides
+/// leave up to about 1e-7 of a residual that is truly empty, and a rejection whose
+/// residual is smaller than this happens less than once in a million rounds.
+const EMPTY_RESIDUAL: f64 = 1e-6;
+
+/// The rows of a `[rows, vocab]` f32 logits tensor at one temperature, each reduced when a
+/// rule first reaches it. Errors of the device are kept ([`DeviceRows::finish`]); until
+/// then the rule sees token 0 and probability 0.
+pub(crate) struct DeviceRows<'a> {
+    logits: &'a Tensor,
+    scale: f64,
+    current: Option<Row>,
+    failed: Option<candle_core::Error>,
+}
+
+/// One reduced row.
+struct Row {
+    index: usize,
+    vocab: usize,
+    /// `[chunks, CHUNK]`, zero past the vocabulary.
+    weights: Tensor,
+    /// Each chunk's sum of weights.
+    sums: Vec<f64>,
+    total: f64,
+}
+
+impl<'a> DeviceRows<'a> {
+    /// The rows of `logits` sampled at `temperature` (> 0).
+    pub(crate) fn new(logits: &'a Tensor, temperature: f32) -> Self {
+        Self {
+            logits,
+            scale: 1.0 / temperature as f64,
+            current: None,
+            failed: None,
+        }
+    }
+
+    /// The first device error a rule met, if any.
+    pub(crate) fn finish(self) -> candle_core::Result<()> {
+        self.failed.map_or(Ok(()), Err)
+    }
+
+    fn row(&mut self, index: usize) -> candle_core::Result<&Row> {
+        if self.current.as_ref().map(|r| r.index) != Some(index) {
+            self.current = Some(reduce(self.logits, index, self.scale)?);
+        }
+        Ok(self.current.as_ref().expect("just reduced"))
+    }
+
+    fn try_prob(&mut self, row: usize, id: u32) -> candle_core::Result<f64> {
+        let r = self.row(row)?;
+        if id as usize >= r.vocab {
+            return Ok(0.0);
+        }
+        let (chunk, at) = (id as usize / CHUNK, id as usize % CHUNK);
+        let w = r.weights.get(chunk)?.get(at)?.to_scalar::<f32>()?;
+        Ok(w as f64 / r.total)
+    }
+
+    fn try_draw(&mut self, row: usize, u: f64) -> candle_core::Result<u32> {
+        let r = self.row(row)?;
+        let chunk = walk(r.sums.iter().copied(), u * r.total);
+        let before: f64 = r.sums[..chunk.index].iter().sum();
+        let within = r.weights.get(chunk.index)?.to_vec1::<f32>()?;
+        let masses = within.iter().map(|w| *w as f64);
+        Ok(token(chunk, walk_from(before, masses, u * r.total)))
+    }
+
+    fn try_draw_residual(
+        &mut self,
+        row: usize,
+        q: &SparseDist,
+        u: f64,
+    ) -> candle_core::Result<u32> {
+        let r = self.row(row)?;
+        let (sums, total) = (r.sums.clone(), r.total);
+        let listed: Vec<(u32, f64)> = (q.ids.iter().zip(&q.probs))
+            .filter(|(id, _)| (**id as usize) < r.vocab)
+            .map(|(id, p)| (*id, *p as f64))
+            .collect();
+        let ids: Vec<u32> = listed.iter().map(|(id, _)| *id).collect();
+        let at = Tensor::from_vec(ids, listed.len(), r.weights.device())?;
+        let p_at = r
+            .weights
+            .flatten_all()?
+            .index_select(&at, 0)?
+            .to_vec1::<f32>()?;
+        // Each chunk's residual mass: its share of p less min(p, q) over q's ids in it.
+        let mut masses: Vec<f64> = sums.iter().map(|s| s / total).collect();
+        for ((id, q), w) in listed.iter().zip(&p_at) {
+            masses[*id as usize / CHUNK] -= (*w as f64 / total).min(*q);
+        }
+        masses.iter_mut().for_each(|m| *m = m.max(0.0));
+        let residual: f64 = masses.iter().sum();
+        if residual <= EMPTY_RESIDUAL {
+            return self.try_draw(row, u);
+        }
+        let chunk = walk(masses.iter().copied(), u * residual);
+        let before: f64 = masses[..chunk.index].iter().sum();
+        let q_in: HashMap<u32, f64> = listed
+            .into_iter()
+            .filter(|(id, _)| *id as usize / CHUNK == chunk.index)
+            .collect();
+        let within = r.weights.get(chunk.index)?.to_vec1::<f32>()?;
+        let first = (chunk.index * CHUNK) as u32;
+        let masses = (within.iter().zip(first..)).map(|(w, id)| {
+            let q = q_in.get(&id).copied().unwrap_or(0.0);
+            (*w as f64 / total - q).max(0.0)
+        });
+        Ok(token(chunk, walk_from(before, masses, u * residual)))
+    }
+
+    /// `value`, or `fallback` after keeping the first error.
+    fn kept<T>(&mut self, value: candle_core::Result<T>, fallback: T) -> T {
+        value.unwrap_or_else(|e| {
+            self.failed.get_or_insert(e);
+            fallback
+        })
+    }
+}
+
+impl TargetRows for DeviceRows<'_> {
+    fn prob(&mut self, row: usize, id: u32) -> f64 {
+        let p = self.try_prob(row, id);
+        self.kept(p, 0.0)
+    }
+
+    fn draw(&mut self, row: usize, u: f64) -> u32 {
+        let t = self.try_draw(row, u);
+        self.kept(t, 0)
+    }
+
+    fn draw_residual(&mut self, row: usize, q: &SparseDist, u: f64) -> u32 {
+        let t = self.try_draw_residual(row, q, u);
+        self.kept(t, 0)
+    }
+}
+
+/// Whether a sampled round with these logits and parameters is served by [`DeviceRows`]:
+/// logits off the host, temperature alone.
+pub(crate) fn reduces_on_device(logits: &Tensor, params: &tandem_core::SamplingParams) -> bool {
+    !matches!(logits.device(), Device::Cpu)
+        && !params.is_greedy()
+        && params.top_k.is_none()
+        && params.top_p >= 1.0
+}
+
+/// Row `index` of `logits` reduced at `scale` = 1/T.
+fn reduce(logits: &Tensor, index: usize, scale: f64) -> candle_core::Result<Row> {
+    let x = logits.get(index)?;
+    let vocab = x.dim(0)?;
+    let max = x.max_keepdim(0)?;
+    let w = x.broadcast_sub(&max)?.affine(scale, 0.0)?.exp()?;
+    let chunks = vocab.div_ceil(CHUNK);
+    let weights = w
+        .pad_with_zeros(0, 0, chunks * CHUNK - vocab)?
+        .reshape((chunks, CHUNK))?;
+    let sums = weights.sum(1)?.to_vec1::<f32>()?;
+    let sums: Vec<f64> = sums.into_iter().map(f64::from).collect();
+    let total = sums.iter().sum();
+    Ok(Row {
+        index,
+        vocab,
+        weights,
+        sums,
+        total,
+    })
+}
+
+/// Where a walk over masses stopped: the index whose cumulative mass first passes the
+/// target, or (when rounding leaves the target past the total) the last one with mass.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Stop {
+    index: usize,
+}
+
+fn walk(masses: impl Iterator<Item = f64>, target: f64) -> Stop {
+    walk_from(0.0, masses, target)
+}
+
+/// [`walk`] with `start` already accumulated before the first mass.
+fn walk_from(start: f64, masses: impl Iterator<Item = f64>, target: f64) -> Stop {
+    let (mut acc, mut last) = (start, 0);
+    for (i, m) in masses.enumerate() {
+        acc += m;
+        if target < acc {
+            return Stop { index: i };
+        }
+        if m > 0.0 {
+            last = i;
+        }
+    }
+    Stop { index: last }
+}
+
+/// The token at `within` of `chunk`.
+fn token(chunk: Stop, within: Stop) -> u32 {
+    (chunk.index * CHUNK + within.index) as u32
+}
+
+#[cfg(test)]
+#[path = "device_rows_tests.rs"]
+mod tests;
