@@ -63,14 +63,13 @@ start)
   echo "$GGUF_SHA256  $W/models/gemma-3-270m/gemma-3-270m-q4_k_m.gguf" | sha256sum -c
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
   cd "$W"
-  # shellcheck disable=SC2046
+  run_a="./tandem train-drafter $(data_flags) --out $W/a --steps $STEPS --lr 1.5e-3"
   setsid nohup bash -c "
     : > $W/a.log
-    (./tandem train-drafter $(data_flags) --out $W/a --init-from $W/shipped $REVOCAB $GROW \
-      --steps $STEPS --lr 1.5e-3 || for i in 1 2 3 4 5 6 7 8; do
+    ($run_a --init-from $W/shipped $REVOCAB $GROW || for i in 1 2 3 4 5 6 7 8; do
         [ -f $W/a/trainer.json ] || break
         echo \"[run A failed; resuming from its last checkpoint, try \$i]\"
-        ./tandem train-drafter $(data_flags) --out $W/a --resume --steps $STEPS --lr 1.5e-3 && break
+        $run_a --resume && break
       done) >> $W/a.log 2>&1 &
     [ \"${SHAPE_RUN:-0}\" = 1 ] || exit 0
     until grep -q 'draft vocabulary of' $W/a.log 2>/dev/null; do sleep 5; done
