@@ -98,6 +98,9 @@ impl<'a> DeviceRows<'a> {
             .filter(|(id, _)| (**id as usize) < r.vocab)
             .map(|(id, p)| (*id, *p as f64))
             .collect();
+        if listed.is_empty() {
+            return self.try_draw(row, u);
+        }
         let ids: Vec<u32> = listed.iter().map(|(id, _)| *id).collect();
         let at = Tensor::from_vec(ids, listed.len(), r.weights.device())?;
         let p_at = r

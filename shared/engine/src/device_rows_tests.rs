@@ -104,15 +104,25 @@ fn residual_draws_are_the_host_residuals() {
     }
 }
 
-/// A residual that `q` empties (q = p) is drawn as `p` itself, as on the host.
+/// A residual that `q` empties (q = p) is drawn as `p` itself, as on the host; so is one
+/// that `q` leaves whole (no id of `q` in the row).
 #[test]
 fn an_empty_residual_draws_from_the_row() {
     let rows = logit_rows(4, 1);
     let logits = Tensor::new(rows.clone(), &Device::Cpu).expect("logits");
     let host = distribution(&rows[0], &params(1.0));
     let mut device = DeviceRows::new(&logits, 1.0);
+    let beyond = SparseDist {
+        ids: vec![VOCAB as u32 + 1],
+        probs: vec![1.0],
+    };
     for u in uniforms(&boundaries(&host)).into_iter().step_by(97) {
         assert_eq!(device.draw_residual(0, &host, u), host.draw(u));
+        assert_eq!(
+            device.draw_residual(0, &beyond, u),
+            host.draw(u),
+            "q off the row"
+        );
     }
 }
 
