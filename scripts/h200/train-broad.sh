@@ -5,7 +5,8 @@
 # (scripts/build-cuda.sh), tokenizer.json.xz, corpus.tar.xz (scripts/fetch-corpus.sh's
 # train/ folder), shipped.tar (the drafter to start from, a folder gemma-3-270m-dspark; without
 # it the repository's shipped one; too large for one call, it may come in parts
-# shipped.tar.partNN) and the GGUF in parts gguf.partNN.
+# shipped.tar.partNN), the GGUF in parts gguf.partNN and, to go on with a run of an
+# earlier session, its checkpoint in parts state.tar.partNN (made by `pack`).
 #
 #   train-broad.sh stage DIR    unpack what DIR holds into /tmp/w (parts are appended)
 #   train-broad.sh start        check the GGUF, then in the background: run A (the shipped
@@ -16,9 +17,17 @@
 #                               the GPU out of memory), resumes from its last checkpoint
 #                               (every 100 steps) up to 8 times; with SHAPE_RUN=1, once
 #                               they are stored, run B (a wider, deeper drafter from scratch)
-#                               beside it (each then trains at about half the pace)
+#                               beside it (each then trains at about half the pace).
+#                               With a staged checkpoint, run A resumes it instead (the
+#                               same settings and STEPS as it started with; its samples
+#                               are made again, from the same seed)
 #   train-broad.sh wait SECS    wait up to SECS while the runs go on; print their logs' ends
 #   train-broad.sh collect      copy the drafters and logs to $OUT
+#   train-broad.sh pack         stop the runs; run A's last checkpoint (drafter, optimizer
+#                               moments, step) as /tmp/w/state/state.tar.partNN of 15 MiB
+#   train-broad.sh collect-state N
+#                               copy parts 4N..4N+3 to $OUT (four fit what one call brings
+#                               back; stage them again two to a folder)
 set -euo pipefail
 W=/tmp/w
 GGUF_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
@@ -48,6 +57,7 @@ stage)
       *tokenizer.json.xz) xz -dc "$f" > "$W/models/gemma-3-tokenizer/tokenizer.json" ;;
       *corpus.tar.xz) mkdir -p "$W/corpus" && tar -xJf "$f" -C "$W/corpus" ;;
       *shipped.tar.part*) cat "$f" >> "$W/shipped.tar.parts" ;;
+      *state.tar.part*) cat "$f" >> "$W/state.tar.parts" ;;
       *shipped.tar) cp "$f" "$W/shipped.tar" ;;
     esac
   done
@@ -60,14 +70,20 @@ start)
   fi
   [ -d "$W/shipped" ] || cp -r drafters/gemma-3-270m-dspark "$W/shipped"
   sha256sum "$W/shipped"/*.safetensors
+  rm -f "$W/stop"
+  if [ -f "$W/state.tar.parts" ]; then
+    rm -rf "$W/a" && tar -xf "$W/state.tar.parts" -C "$W" && rm "$W/state.tar.parts"
+  fi
+  first="--init-from $W/shipped $REVOCAB $GROW"
+  [ -f "$W/a/trainer.json" ] && first=--resume && cat "$W/a/trainer.json"
   echo "$GGUF_SHA256  $W/models/gemma-3-270m/gemma-3-270m-q4_k_m.gguf" | sha256sum -c
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
   cd "$W"
   run_a="./tandem train-drafter $(data_flags) --out $W/a --steps $STEPS --lr 1.5e-3"
   setsid nohup bash -c "
     : > $W/a.log
-    ($run_a --init-from $W/shipped $REVOCAB $GROW || for i in 1 2 3 4 5 6 7 8; do
-        [ -f $W/a/trainer.json ] || break
+    ($run_a $first || for i in 1 2 3 4 5 6 7 8; do
+        [ -f $W/a/trainer.json ] && [ ! -f $W/stop ] || break
         echo \"[run A failed; resuming from its last checkpoint, try \$i]\"
         $run_a --resume && break
       done) >> $W/a.log 2>&1 &
@@ -93,5 +109,21 @@ collect)
   done
   ls -lR "$OUT"
   ;;
-*) echo "usage: $0 stage|start|wait SECS|collect" >&2; exit 2 ;;
+pack)
+  touch "$W/stop"
+  pkill -f "tandem train-drafter" || true
+  while pgrep -f "tandem train-drafter" > /dev/null; do sleep 1; done
+  rm -rf "$W/state" && mkdir -p "$W/state"
+  tar -cf - -C "$W" a | split -b 15M -d - "$W/state/state.tar.part"
+  cat "$W/a/trainer.json"; ls -l "$W/state"
+  ;;
+collect-state)
+  n=${2:?collect-state needs a number}
+  for i in 0 1 2 3; do
+    f=$(printf "%s/state/state.tar.part%02d" "$W" $((4 * n + i)))
+    [ -f "$f" ] && cp "$f" "$OUT/"
+  done
+  ls -l "$OUT"
+  ;;
+*) echo "usage: $0 stage DIR|start|wait SECS|collect|pack|collect-state N" >&2; exit 2 ;;
 esac
