@@ -14,6 +14,8 @@
 #                         bench golden: greedy ids, plain and speculative, against
 #                         transformers up to each near-tie
 #
+# The reports come back packed in $OUT/<card>-gpu-path.tar.xz (a call returns at most 8 files).
+#
 #   bench-gpu-path.sh [PROMPTS]
 set -uo pipefail
 W=/tmp/w
@@ -50,3 +52,6 @@ for dtype in bf16 f32; do
   run bench golden --device cuda --dtype $dtype --json "$OUT/$gpu-golden-$dtype.json"
 done
 nvidia-smi --query-gpu=memory.used --format=csv
+# A call brings back at most 8 files: the reports travel as one archive.
+(cd "$OUT" && tar -cJf "$gpu-gpu-path.tar.xz" ./*.json && rm ./*.json)
+ls -l "$OUT"
