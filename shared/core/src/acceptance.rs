@@ -429,11 +429,12 @@ pub(crate) mod tests {
         assert!(l2(&drafted, &exact) > 20.0 * d);
     }
 
-    /// `norm(max(p - q, 0))` computed id by id.
+    /// `norm(max(p - q, 0))` as the rules build it.
     fn residual(p: &SparseDist, q: &SparseDist) -> SparseDist {
         weighted_residual(p, 1.0, q).0
     }
 
+    /// `norm(max(p - q, 0))` computed id by id.
     fn naive_residual(p: &SparseDist, q: &SparseDist) -> Vec<f32> {
         let mass: Vec<f64> = p
             .ids
