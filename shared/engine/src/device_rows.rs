@@ -79,11 +79,8 @@ impl<'a> DeviceRows<'a> {
 
     fn try_draw(&mut self, row: usize, u: f64) -> candle_core::Result<u32> {
         let r = self.row(row)?;
-        let chunk = walk(r.sums.iter().copied(), u * r.total);
-        let before: f64 = r.sums[..chunk.index].iter().sum();
-        let within = r.weights.get(chunk.index)?.to_vec1::<f32>()?;
-        let masses = within.iter().map(|w| *w as f64);
-        Ok(token(chunk, walk_from(before, masses, u * r.total)))
+        let target = u * r.total;
+        r.land(chunk_at(&r.sums, target), target, |_, w| w)
     }
 
     fn try_draw_residual(
@@ -93,7 +90,6 @@ impl<'a> DeviceRows<'a> {
         u: f64,
     ) -> candle_core::Result<u32> {
         let r = self.row(row)?;
-        let (sums, total) = (r.sums.clone(), r.total);
         let listed: Vec<(u32, f64)> = (q.ids.iter().zip(&q.probs))
             .filter(|(id, _)| (**id as usize) < r.vocab)
             .map(|(id, p)| (*id, *p as f64))
@@ -102,14 +98,15 @@ impl<'a> DeviceRows<'a> {
             return self.try_draw(row, u);
         }
         let ids: Vec<u32> = listed.iter().map(|(id, _)| *id).collect();
-        let at = Tensor::from_vec(ids, listed.len(), r.weights.device())?;
+        let wanted = Tensor::from_vec(ids, listed.len(), r.weights.device())?;
         let p_at = r
             .weights
             .flatten_all()?
-            .index_select(&at, 0)?
+            .index_select(&wanted, 0)?
             .to_vec1::<f32>()?;
         // Each chunk's residual mass: its share of p less min(p, q) over q's ids in it.
-        let mut masses: Vec<f64> = sums.iter().map(|s| s / total).collect();
+        let total = r.total;
+        let mut masses: Vec<f64> = r.sums.iter().map(|s| s / total).collect();
         for ((id, q), w) in listed.iter().zip(&p_at) {
             masses[*id as usize / CHUNK] -= (*w as f64 / total).min(*q);
         }
@@ -118,19 +115,15 @@ impl<'a> DeviceRows<'a> {
         if residual <= EMPTY_RESIDUAL {
             return self.try_draw(row, u);
         }
-        let chunk = walk(masses.iter().copied(), u * residual);
-        let before: f64 = masses[..chunk.index].iter().sum();
+        let target = u * residual;
+        let at = chunk_at(&masses, target);
         let q_in: HashMap<u32, f64> = listed
             .into_iter()
-            .filter(|(id, _)| *id as usize / CHUNK == chunk.index)
+            .filter(|(id, _)| *id as usize / CHUNK == at.0)
             .collect();
-        let within = r.weights.get(chunk.index)?.to_vec1::<f32>()?;
-        let first = (chunk.index * CHUNK) as u32;
-        let masses = (within.iter().zip(first..)).map(|(w, id)| {
-            let q = q_in.get(&id).copied().unwrap_or(0.0);
-            (*w as f64 / total - q).max(0.0)
-        });
-        Ok(token(chunk, walk_from(before, masses, u * residual)))
+        r.land(at, target, |id, w| {
+            (w / total - q_in.get(&id).copied().unwrap_or(0.0)).max(0.0)
+        })
     }
 
     /// `value`, or `fallback` after keeping the first error.
@@ -168,6 +161,28 @@ pub(crate) fn reduces_on_device(logits: &Tensor, params: &tandem_core::SamplingP
         && params.top_p >= 1.0
 }
 
+impl Row {
+    /// The token a walk to `target` lands on within `chunk` (from [`chunk_at`]: its index
+    /// and the mass before it), each of the chunk's tokens weighing `mass(id, weight)`.
+    fn land(
+        &self,
+        (chunk, before): (usize, f64),
+        target: f64,
+        mass: impl Fn(u32, f64) -> f64,
+    ) -> candle_core::Result<u32> {
+        let within = self.weights.get(chunk)?.to_vec1::<f32>()?;
+        let first = (chunk * CHUNK) as u32;
+        let masses = (within.iter().zip(first..)).map(|(w, id)| mass(id, *w as f64));
+        Ok(first + walk_from(before, masses, target) as u32)
+    }
+}
+
+/// The chunk a walk to `target` over the chunks' masses falls in, and the mass before it.
+fn chunk_at(chunks: &[f64], target: f64) -> (usize, f64) {
+    let chunk = walk(chunks.iter().copied(), target);
+    (chunk, chunks[..chunk].iter().sum())
+}
+
 /// Row `index` of `logits` reduced at `scale` = 1/T.
 fn reduce(logits: &Tensor, index: usize, scale: f64) -> candle_core::Result<Row> {
     let x = logits.get(index)?;
@@ -190,35 +205,25 @@ fn reduce(logits: &Tensor, index: usize, scale: f64) -> candle_core::Result<Row>
     })
 }
 
-/// Where a walk over masses stopped: the index whose cumulative mass first passes the
-/// target, or (when rounding leaves the target past the total) the last one with mass.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Stop {
-    index: usize,
-}
-
-fn walk(masses: impl Iterator<Item = f64>, target: f64) -> Stop {
+/// Where a walk over masses stops: the index whose cumulative mass first passes `target`,
+/// or (when rounding leaves the target past the total) the last one with mass.
+fn walk(masses: impl Iterator<Item = f64>, target: f64) -> usize {
     walk_from(0.0, masses, target)
 }
 
 /// [`walk`] with `start` already accumulated before the first mass.
-fn walk_from(start: f64, masses: impl Iterator<Item = f64>, target: f64) -> Stop {
+fn walk_from(start: f64, masses: impl Iterator<Item = f64>, target: f64) -> usize {
     let (mut acc, mut last) = (start, 0);
     for (i, m) in masses.enumerate() {
         acc += m;
         if target < acc {
-            return Stop { index: i };
+            return i;
         }
         if m > 0.0 {
             last = i;
         }
     }
-    Stop { index: last }
-}
-
-/// The token at `within` of `chunk`.
-fn token(chunk: Stop, within: Stop) -> u32 {
-    (chunk.index * CHUNK + within.index) as u32
+    last
 }
 
 #[cfg(test)]
