@@ -21,7 +21,7 @@ use candle_nn::rotary_emb::rope_thd;
 
 use super::config::GemmaConfig;
 use super::device_cache::DeviceCache;
-use super::device_frame::{append, visible, Context, Store};
+use super::device_frame::{append, gathered, visible, Context, Store};
 use super::device_step::StepShared;
 use super::forward::block_len;
 use super::head::TargetHead;
@@ -93,7 +93,7 @@ pub struct DeviceGemma3 {
     /// Held for the whole of a forward: forwards from several threads on one CUDA stream
     /// only interleave their launches and synchronisations (measured on the H200: 16
     /// teacher threads together made 108 tok/s, one sequence alone 217-289 tok/s).
-    turn: Mutex<()>,
+    pub(super) turn: Mutex<()>,
 }
 
 /// Most positions one pass through the layers takes: a longer block runs in chunks, so the
@@ -354,6 +354,17 @@ impl DeviceGemma3 {
         self.upload(x, (rows, h))
     }
 
+    /// `[rows, hidden]` input rows on the device: the embedding of each `(row, token)` of
+    /// `placed` at its row, zeros elsewhere.
+    pub(super) fn embed_placed(&self, placed: &[(usize, u32)], rows: usize) -> Result<Tensor> {
+        let h = self.cfg.hidden_size;
+        let mut x = vec![0f32; rows * h];
+        for &(row, t) in placed {
+            self.head.embed_into(t, &mut x[row * h..(row + 1) * h])?;
+        }
+        self.upload(x, (rows, h))
+    }
+
     pub(super) fn upload(&self, data: Vec<f32>, shape: (usize, usize)) -> Result<Tensor> {
         let t = Tensor::from_vec(data, shape, &Device::Cpu)?.to_dtype(self.opts.dtype)?;
         Ok(t.to_device(&self.opts.device)?)
@@ -387,6 +398,17 @@ impl DeviceGemma3 {
                 let norms = (&l.q_norm, &l.k_norm);
                 let q = qkv_heads(&qkv, norms, (cos, sin), pos, kv, self.heads(), eps)?;
                 (q, visible(kv, *span)?)
+            }
+            Store::Pooled {
+                store,
+                gather,
+                span,
+            } => {
+                let qkv = normed.matmul(&l.qkv.t()?)?;
+                let (norms, h) = ((&l.q_norm, &l.k_norm), self.heads());
+                let q = qkv_heads(&qkv, norms, (cos, sin), store, kv, h, eps)?;
+                let q = q.reshape((ctx.b, ctx.m, h.q, h.dim))?;
+                (q, gathered(kv, gather, (ctx.b, *span))?)
             }
             Store::Append(pos) => {
                 let [q, k, v] = self.rotated_qkv(l, &normed, ctx, (cos, sin))?;

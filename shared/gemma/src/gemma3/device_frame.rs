@@ -1,7 +1,8 @@
 //! What the layers of one [`super::DeviceGemma3`] forward share ([`Context`]: rotations and
 //! attention masks for the block's positions) and where each layer stores the block's keys
 //! and values ([`Store`]): appended at host-known positions by the plain forward, scattered
-//! to device-held positions by a fixed-shape step.
+//! to device-held positions by a fixed-shape step, or scattered to the slots of a pool and
+//! gathered back from them by a batched step ([`super::device_batch`]).
 
 use candle_core::{Device, Tensor};
 
@@ -17,6 +18,30 @@ pub(super) enum Store {
     /// At the positions `pos` holds (`[m]` u32, one sequence), attending to the first
     /// `span` (the mask hides the rest).
     Scatter { pos: Tensor, span: usize },
+    /// At the rows `store` holds (`[b * m]` u32) of a pool of slots (`[1, rows, kv_heads,
+    /// head_dim]`), each of the `b` sequences then attending to the rows `gather` holds
+    /// (`[b * span]` u32: its slot's first `span` positions).
+    Pooled {
+        store: Tensor,
+        gather: Tensor,
+        span: usize,
+    },
+}
+
+/// The keys and values `[b, span, kv_heads, head_dim]` at rows `gather` (`[b * span]` u32)
+/// of a pool's `(keys, values)` (`[1, rows, kv_heads, head_dim]`).
+pub(super) fn gathered(
+    (keys, values): (&Tensor, &Tensor),
+    gather: &Tensor,
+    (b, span): (usize, usize),
+) -> Result<(Tensor, Tensor)> {
+    let pick = |t: &Tensor| -> Result<Tensor> {
+        let (_, _, heads, hd) = t.dims4()?;
+        Ok(t.squeeze(0)?
+            .index_select(gather, 0)?
+            .reshape((b, span, heads, hd))?)
+    };
+    Ok((pick(keys)?, pick(values)?))
 }
 
 /// Stores a block's keys and values `k`, `v` (`[b, m, kv_heads, head_dim]`) at positions
@@ -46,8 +71,9 @@ pub(super) struct Context {
     pub(super) b: usize,
     pub(super) local: (Tensor, Tensor),
     pub(super) global: (Tensor, Tensor),
-    /// `[m * heads / kv_heads, keys]` additive masks, rows position-major (`None`: every
-    /// key visible).
+    /// Additive masks, rows position-major, broadcast over sequences and key heads: `[m *
+    /// heads / kv_heads, keys]` or `[b, 1, m * heads / kv_heads, keys]` (`None`: every key
+    /// visible).
     pub(super) local_mask: Option<Tensor>,
     pub(super) global_mask: Option<Tensor>,
 }

@@ -56,10 +56,10 @@ pub const MAX_STEP_ROWS: usize = 32;
 /// block of the default γ = 8.
 const ROW_BUCKETS: [usize; 8] = [1, 2, 4, 8, 9, 12, 16, 32];
 /// The shortest span of the cache a step attends to.
-const MIN_SPAN: usize = 256;
+pub(super) const MIN_SPAN: usize = 256;
 /// What a masked score gets added (finite, so that masks are made by arithmetic; its
 /// exponential is exactly zero next to any visible score, as `-inf`'s is).
-const MASKED: f64 = -1e30;
+pub(super) const MASKED: f64 = -1e30;
 
 /// Dropped caches' storage kept for the next sequences, at most (75 MB each for Gemma 3
 /// 270M in bf16).
@@ -70,14 +70,29 @@ type Spare = Arc<Spares<CacheParts>>;
 
 /// What the fixed-shape steps of one model share.
 pub(crate) struct StepShared {
-    /// `[positions, head_dim / 2]` cosines and sines of the local and the global rope.
-    local: (Tensor, Tensor),
-    global: (Tensor, Tensor),
-    positions: usize,
+    tables: RopeTables,
     spare: Spare,
 }
 
 impl StepShared {
+    pub(super) fn new(cfg: &GemmaConfig, ropes: [&Rope; 2], opts: &DeviceOptions) -> Result<Self> {
+        Ok(Self {
+            tables: RopeTables::new(cfg, ropes, opts)?,
+            spare: Arc::new(Spares::new(MAX_SPARE_CACHES)),
+        })
+    }
+}
+
+/// `[positions, head_dim / 2]` cosines and sines of the local and the global rope on the
+/// device, for the first [`STEP_POSITIONS`] positions (fewer where the model's context is
+/// shorter): what steps gather their rows' rotations from by position.
+pub(super) struct RopeTables {
+    local: (Tensor, Tensor),
+    global: (Tensor, Tensor),
+    pub(super) positions: usize,
+}
+
+impl RopeTables {
     pub(super) fn new(cfg: &GemmaConfig, ropes: [&Rope; 2], opts: &DeviceOptions) -> Result<Self> {
         let positions = STEP_POSITIONS.min(cfg.max_position_embeddings);
         let half = cfg.head_dim / 2;
@@ -93,7 +108,46 @@ impl StepShared {
             local: table(ropes[0])?,
             global: table(ropes[1])?,
             positions,
-            spare: Arc::new(Spares::new(MAX_SPARE_CACHES)),
+        })
+    }
+
+    /// Rotations and masks of `b` blocks of `m` rows whose positions `pos` (`[b * m]` u32,
+    /// block-major) are on the device, attending to key positions `keys` (`[1, span]` f32):
+    /// computed there, so that a captured step recomputes them from its inputs. Masks are
+    /// `[b, 1, m * group, span]`.
+    pub(super) fn context(
+        &self,
+        cfg: &GemmaConfig,
+        pos: &Tensor,
+        keys: &Tensor,
+        (b, m): (usize, usize),
+    ) -> Result<Context> {
+        let span = keys.dim(1)?;
+        let group = cfg.num_attention_heads / cfg.num_key_value_heads;
+        let gather = |(cos, sin): &(Tensor, Tensor)| -> Result<(Tensor, Tensor)> {
+            Ok((cos.index_select(pos, 0)?, sin.index_select(pos, 0)?))
+        };
+        // `back[r, j]`: how far key position j lies behind row r's position.
+        let back = pos
+            .to_dtype(DType::F32)?
+            .reshape((b * m, 1))?
+            .broadcast_sub(keys)?;
+        let causal = back.ge(0.0)?.to_dtype(DType::F32)?;
+        let window = back.lt(cfg.sliding_window as f64)?.to_dtype(DType::F32)?;
+        let additive = |visible: &Tensor| -> Result<Tensor> {
+            Ok(visible
+                .affine(-MASKED, MASKED)?
+                .reshape((b, m, 1, span))?
+                .broadcast_as((b, m, group, span))?
+                .reshape((b, 1, m * group, span))?)
+        };
+        Ok(Context {
+            m,
+            b,
+            local: gather(&self.local)?,
+            global: gather(&self.global)?,
+            local_mask: Some(additive(&(&causal * &window)?)?),
+            global_mask: Some(additive(&causal)?),
         })
     }
 }
@@ -186,12 +240,12 @@ impl DeviceGemma3 {
     /// graphs are on and it fits (`None`: a plain cache it is).
     pub(super) fn fixed_cache(&self, batch: usize, max_len: usize) -> Option<DeviceCache> {
         let shared = self.steps.as_ref()?;
-        if batch != 1 || max_len > shared.positions {
+        if batch != 1 || max_len > shared.tables.positions {
             return None;
         }
         let parts = match shared.spare.take() {
             Some(parts) => parts,
-            None => self.new_parts(shared.positions).ok()?,
+            None => self.new_parts(shared.tables.positions).ok()?,
         };
         let steps = CacheSteps {
             steps: parts.steps,
@@ -200,7 +254,7 @@ impl DeviceGemma3 {
         let cfg = &self.cfg;
         let dims = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim);
         let at = (self.opts.dtype, self.opts.device.clone());
-        let storage = (parts.k, parts.v, shared.positions);
+        let storage = (parts.k, parts.v, shared.tables.positions);
         Some(DeviceCache::fixed(storage, steps, max_len, dims, at))
     }
 
@@ -323,40 +377,15 @@ impl DeviceGemma3 {
     /// its keys and values go.
     fn step_context(&self, key: &StepKey, step: &StepIo) -> Result<(Context, Store)> {
         let shared = self.steps.as_ref().expect("graphs on");
-        let cfg = &self.cfg;
-        let (m, span) = (key.rows, key.span);
-        let group = cfg.num_attention_heads / cfg.num_key_value_heads;
-        let gather = |(cos, sin): &(Tensor, Tensor)| -> Result<(Tensor, Tensor)> {
-            Ok((
-                cos.index_select(&step.pos, 0)?,
-                sin.index_select(&step.pos, 0)?,
-            ))
-        };
-        // `back[r, j]`: how far key position j lies behind row r's position.
-        let back = step
-            .pos
-            .to_dtype(DType::F32)?
-            .reshape((m, 1))?
-            .broadcast_sub(&step.keys)?;
-        let causal = back.ge(0.0)?.to_dtype(DType::F32)?;
-        let window = back.lt(cfg.sliding_window as f64)?.to_dtype(DType::F32)?;
-        let additive = |visible: &Tensor| -> Result<Tensor> {
-            Ok(visible
-                .affine(-MASKED, MASKED)?
-                .reshape((m, 1, span))?
-                .broadcast_as((m, group, span))?
-                .reshape((m * group, span))?)
-        };
-        let ctx = Context {
-            m,
-            b: 1,
-            local: gather(&shared.local)?,
-            global: gather(&shared.global)?,
-            local_mask: Some(additive(&(&causal * &window)?)?),
-            global_mask: Some(additive(&causal)?),
-        };
+        let ctx = (shared.tables).context(&self.cfg, &step.pos, &step.keys, (1, key.rows))?;
         let pos = step.pos.clone();
-        Ok((ctx, Store::Scatter { pos, span }))
+        Ok((
+            ctx,
+            Store::Scatter {
+                pos,
+                span: key.span,
+            },
+        ))
     }
 
     /// The outputs of a step's first `m` rows (the block's, without padding) as
