@@ -140,8 +140,8 @@ pub struct VerifierOptions {
     /// (requests naming another model get 404).
     #[arg(long, env = "TANDEM_SERVED_MODEL_NAME", default_value = DEFAULT_SERVED_MODEL_NAME)]
     served_model_name: String,
-    /// Run the forwards of concurrent generations as one batched step (CPU Gemma 3; output
-    /// is the same either way).
+    /// Run the forwards of concurrent generations as one batched step (Gemma 3; on the CPU
+    /// output is the same either way, on a GPU it can part at near-ties, as speculation's).
     #[arg(long, env = "TANDEM_BATCHING", default_value_t = true, action = clap::ArgAction::Set)]
     batching: bool,
     /// Most token rows (prompt chunks and verify blocks) in one batched step.
@@ -154,6 +154,10 @@ pub struct VerifierOptions {
     /// not sent their forward yet (at most a quarter of a recent step).
     #[arg(long, env = "TANDEM_BATCH_WAIT_MS", default_value_t = BatchLimits::default().max_wait.as_millis() as u64)]
     batch_wait_ms: u64,
+    /// Generations a GPU target's KV pool holds for batching (each slot holds a context of
+    /// up to 4,096 positions; a generation that finds no free slot runs alone).
+    #[arg(long, env = "TANDEM_BATCH_SLOTS", default_value_t = BatchLimits::default().slots)]
+    batch_slots: usize,
 }
 
 /// TLS of a service's gRPC listener.
@@ -285,6 +289,7 @@ impl VerifierOptions {
             max_rows: self.batch_max_rows,
             prefill_chunk: self.prefill_chunk,
             max_wait: Duration::from_millis(self.batch_wait_ms),
+            slots: self.batch_slots,
         })
     }
 

@@ -24,8 +24,8 @@ pub use engine::{Engine, Outcome, Sink, Update};
 pub use error::{EngineError, Result};
 pub use load::{model_type, Placement, TargetFiles};
 pub use models::{
-    BatchLimits, BatchedGemma3, Gemma4Target, StepObserver, StepReport, Target, TargetFacts,
-    TargetSequence, TargetStep,
+    BatchLimits, BatchedDeviceGemma3, BatchedGemma3, Gemma4Target, StepObserver, StepReport,
+    Target, TargetFacts, TargetSequence, TargetStep,
 };
 pub use plan::{drafting_gamma, Plan};
 pub use request::GenerationRequest;

@@ -12,7 +12,7 @@ use tandem_tokenizer::GemmaTokenizer;
 
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
-use crate::models::{BatchLimits, BatchedGemma3, Gemma4Target, Target};
+use crate::models::{BatchLimits, BatchedDeviceGemma3, BatchedGemma3, Gemma4Target, Target};
 
 /// Where a target runs.
 #[derive(Debug, Clone)]
@@ -39,8 +39,8 @@ impl Engine {
     }
 
     /// [`Self::load`], with the forwards of concurrent generations batched within `batching`
-    /// where the target is Gemma 3 on the CPU kernels (other targets run each generation
-    /// alone, and say so in the log).
+    /// where the target is Gemma 3, on the CPU kernels or a device (Gemma 4 runs each
+    /// generation alone, and says so in the log).
     pub fn load_batched(
         files: &TargetFiles,
         placement: &Placement,
@@ -61,10 +61,8 @@ fn load_target(
 ) -> Result<Arc<dyn Target>> {
     let gemma4 = path.is_dir() && model_type(path)?.is_some_and(|t| t.starts_with("gemma4"));
     let fail = |e: tandem_gemma::GemmaError| load_error(path, e);
-    if batching.is_some() && (gemma4 || matches!(placement, Placement::Device(_))) {
-        tracing::warn!(
-            "batching runs on Gemma 3 on the CPU; this target runs each generation alone"
-        );
+    if batching.is_some() && gemma4 {
+        tracing::warn!("batching runs on Gemma 3; this target runs each generation alone");
     }
     Ok(match (placement, gemma4) {
         (Placement::Cpu(opts), false) => {
@@ -84,7 +82,11 @@ fn load_target(
             ))
         }
         (Placement::Device(opts), false) => {
-            Arc::new(DeviceGemma3::load(path, opts.clone()).map_err(fail)?)
+            let model = DeviceGemma3::load(path, opts.clone()).map_err(fail)?;
+            match batching {
+                Some(limits) => Arc::new(BatchedDeviceGemma3::new(Arc::new(model), limits)?),
+                None => Arc::new(model),
+            }
         }
     })
 }

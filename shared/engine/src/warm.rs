@@ -3,7 +3,8 @@
 //! H100 the first drafted round of a process took 106 ms and its verify 52 ms, against 0.7
 //! and 1.4 ms after, and new shapes met later cost 8 to 18 ms once each. [`Engine::warm_up`]
 //! pays those before the first request: a user's first tokens do not wait for captures,
-//! and adaptive generations do not learn from them.
+//! and adaptive generations do not learn from them. A batched device target also captures
+//! its shared steps for every batch size then.
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,9 @@ impl Engine {
                 seq.forward(&vec![0; rows], 0, LogitsMode::Top(1), spec)?;
                 seq.truncate(0)?;
             }
+            drop(seq);
+            let shapes = self.model().warm_batches(spec, gamma + 1)?;
+            tracing::debug!(shapes, gamma, "batched steps warmed up");
         }
         Ok(Some(started.elapsed()))
     }

@@ -2,7 +2,9 @@
 //! batched engine (their forwards in shared steps, prompts prefilled in chunks) emit exactly
 //! what each emits alone on an unbatched engine — greedy and seeded sampling, plain and
 //! speculative, fixed γ and scheduled — while sessions of different lengths join and leave
-//! mid-run; the steps really held several sessions.
+//! mid-run; the steps really held several sessions. The device target's batched steps
+//! (slots of a KV pool; here on candle's CPU backend in f32) do the same against the device
+//! target run unbatched, with more generations than slots.
 
 mod common;
 
@@ -10,11 +12,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use candle_core::{DType, Device};
 use common::{generate, reference, request, spec_270m, Oracle, Spoil, PROMPTS};
 use tandem_core::{SamplingParams, Verification};
 use tandem_engine::{
     BatchLimits, Engine, GenerationRequest, Placement, StepObserver, StepReport, TargetFiles,
 };
+use tandem_gemma::DeviceOptions;
 use tandem_testkit::{real_gguf, real_tokenizer};
 
 /// Counts steps and the most sessions and rows one step held.
@@ -71,6 +75,32 @@ fn jobs() -> Vec<Job> {
         .collect()
 }
 
+/// Each job's tokens, generated on `engine` on threads of their own, joining a few steps
+/// apart (and, with their different lengths, leaving at different times).
+fn concurrently(engine: &Engine, jobs: &[Job]) -> Vec<Vec<u32>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, j)| {
+                s.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(40 * i as u64));
+                    let proposer = j.oracle.as_ref().map(|o| o as _);
+                    let mut sink = |_: &tandem_engine::Update| std::ops::ControlFlow::Continue(());
+                    engine
+                        .generate(&j.req, proposer, &mut sink)
+                        .expect("batched")
+                        .tokens
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("generation thread"))
+            .collect()
+    })
+}
+
 #[test]
 fn batched_generations_equal_their_unbatched_runs() {
     let files = TargetFiles {
@@ -95,30 +125,7 @@ fn batched_generations_equal_their_unbatched_runs() {
         .iter()
         .map(|j| generate(&j.req, j.oracle.as_ref().map(|o| o as _)).0.tokens)
         .collect();
-    let got: Vec<Vec<u32>> = std::thread::scope(|s| {
-        let handles: Vec<_> = jobs
-            .iter()
-            .enumerate()
-            .map(|(i, j)| {
-                let batched = &batched;
-                s.spawn(move || {
-                    // Sessions join a few steps apart and, with their different lengths,
-                    // leave at different times.
-                    std::thread::sleep(Duration::from_millis(40 * i as u64));
-                    let proposer = j.oracle.as_ref().map(|o| o as _);
-                    let mut sink = |_: &tandem_engine::Update| std::ops::ControlFlow::Continue(());
-                    batched
-                        .generate(&j.req, proposer, &mut sink)
-                        .expect("batched")
-                        .tokens
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("generation thread"))
-            .collect()
-    });
+    let got = concurrently(&batched, &jobs);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g, w, "generation {i} differs from its unbatched run");
         assert_eq!(g.len(), jobs[i].req.max_tokens);
@@ -130,4 +137,51 @@ fn batched_generations_equal_their_unbatched_runs() {
         rows.iter().all(|r| *r <= 64),
         "a step exceeded max_rows: {rows:?}"
     );
+}
+
+/// The device target batched over a pool of 3 KV slots against the same target unbatched:
+/// five generations (plain, speculative, seeded sampling) at once, the two that find no
+/// free slot running alone beside the batch; steps held several sessions.
+#[test]
+fn batched_device_generations_equal_their_unbatched_runs() {
+    let files = TargetFiles {
+        model: real_gguf(),
+        tokenizer: real_tokenizer(),
+    };
+    let placement = Placement::Device(DeviceOptions::new(Device::Cpu, DType::F32));
+    let alone = Engine::load(&files, &placement).expect("the device target");
+    let limits = BatchLimits {
+        slots: 3,
+        prefill_chunk: 8,
+        ..BatchLimits::default()
+    };
+    let batched =
+        Engine::load_batched(&files, &placement, Some(limits)).expect("the batched target");
+    let steps = Arc::new(Steps::default());
+    assert!(batched.model().observe_steps(steps.clone()));
+    let jobs: Vec<Job> = jobs()
+        .into_iter()
+        .take(5)
+        .map(|mut j| {
+            j.req.max_tokens = j.req.max_tokens.min(20);
+            j
+        })
+        .collect();
+    let want: Vec<Vec<u32>> = jobs
+        .iter()
+        .map(|j| {
+            let proposer = j.oracle.as_ref().map(|o| o as _);
+            let mut sink = |_: &tandem_engine::Update| std::ops::ControlFlow::Continue(());
+            alone
+                .generate(&j.req, proposer, &mut sink)
+                .expect("alone")
+                .tokens
+        })
+        .collect();
+    let got = concurrently(&batched, &jobs);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "generation {i} differs from its unbatched run");
+    }
+    let most = steps.most_sequences.load(Ordering::Relaxed);
+    assert!(most >= 2, "no step held two sessions (most {most})");
 }

@@ -7,32 +7,23 @@
 //! verify blocks instead of stalling them. The kernels are batch invariant: a generation's
 //! output is bit for bit what it is alone.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Instant;
 
-use tandem_core::batching::{Observers, StepObserver};
-use tandem_core::{SnapshotSpec, SnapshotSupport, StepCosts, TargetIdentity};
-use tandem_gemma::{
-    ForwardOptions, ForwardOutput, Gemma3, GemmaError, KvCache, LogitsMode, Segment, TargetHead,
-};
+use tandem_core::batching::StepObserver;
+use tandem_core::{SnapshotSupport, StepCosts, TargetIdentity};
+use tandem_gemma::{ForwardOptions, Gemma3, KvCache, LogitsMode, Segment, TargetHead};
 
-use super::gemma3::{forward_options, interleave};
-use super::stepper::{BatchLimits, Job, Stepper};
-use super::{Target, TargetFacts, TargetSequence, TargetStep};
+use super::batched_sequence::BatchedSequence;
+use super::stepper::{BatchLimits, Ragged, Steps};
+use super::{Target, TargetFacts, TargetSequence};
 use crate::error::{EngineError, Result};
 
 /// A CPU Gemma 3 target whose generations' forwards are batched (see the module docs).
 pub struct BatchedGemma3 {
     model: Arc<Gemma3>,
-    limits: BatchLimits,
-    observers: Observers,
     costs: StepCosts,
-    alive: Arc<AtomicUsize>,
-    jobs: Option<Sender<Job>>,
-    stepper: Option<JoinHandle<()>>,
+    steps: Steps<KvCache>,
 }
 
 impl BatchedGemma3 {
@@ -43,61 +34,12 @@ impl BatchedGemma3 {
             prefill_chunk: limits.prefill_chunk.max(1),
             ..limits
         };
-        let (tx, rx) = mpsc::channel();
         let costs = profile(&model)?;
-        let observers = Observers::default();
-        let alive = Arc::new(AtomicUsize::new(0));
-        let stepper = Stepper {
-            model: model.clone(),
-            jobs: rx,
-            limits,
-            alive: alive.clone(),
-            observers: observers.clone(),
-        };
-        let stepper = std::thread::Builder::new()
-            .name("tandem-stepper".into())
-            .spawn(move || stepper.run())
-            .map_err(|e| EngineError::Load(format!("cannot start the batch stepper: {e}")))?;
+        let steps = Steps::start(Ragged(model.clone()), limits)?;
         Ok(Self {
             model,
-            limits,
-            observers,
             costs,
-            alive,
-            jobs: Some(tx),
-            stepper: Some(stepper),
-        })
-    }
-
-    /// Sends one forward to the stepper and waits for its step.
-    fn submit(
-        &self,
-        tokens: &[u32],
-        pos: usize,
-        cache: KvCache,
-        opts: ForwardOptions,
-    ) -> (KvCache, tandem_gemma::Result<ForwardOutput>) {
-        let (reply, answer) = mpsc::sync_channel(1);
-        let job = Job {
-            tokens: tokens.to_vec(),
-            pos,
-            cache,
-            opts,
-            reply,
-        };
-        let stopped = |job: Job| {
-            let e = GemmaError::Request("the batch stepper has stopped".into());
-            (job.cache, Err(e))
-        };
-        let Some(jobs) = &self.jobs else {
-            return stopped(job);
-        };
-        if let Err(mpsc::SendError(job)) = jobs.send(job) {
-            return stopped(job);
-        }
-        answer.recv().unwrap_or_else(|_| {
-            let e = GemmaError::Request("the batch stepper dropped a forward".into());
-            (KvCache::new(self.model.config(), 0), Err(e))
+            steps,
         })
     }
 }
@@ -147,15 +89,6 @@ fn profile(model: &Gemma3) -> Result<StepCosts> {
         .ok_or_else(|| EngineError::Load("profiling batched steps measured no time".into()))
 }
 
-impl Drop for BatchedGemma3 {
-    fn drop(&mut self) {
-        self.jobs.take();
-        if let Some(stepper) = self.stepper.take() {
-            let _ = stepper.join();
-        }
-    }
-}
-
 impl Target for BatchedGemma3 {
     fn facts(&self) -> TargetFacts {
         Target::facts(self.model.as_ref())
@@ -174,7 +107,7 @@ impl Target for BatchedGemma3 {
     }
 
     fn observe_steps(&self, observer: Arc<dyn StepObserver>) -> bool {
-        self.observers.add(observer);
+        self.steps.observers.add(observer);
         true
     }
 
@@ -184,94 +117,7 @@ impl Target for BatchedGemma3 {
 
     fn start(&self, max_len: usize) -> Box<dyn TargetSequence + '_> {
         let cache = self.model.new_cache(max_len);
-        self.alive.fetch_add(1, Ordering::AcqRel);
-        Box::new(BatchedSequence {
-            target: self,
-            max_len: cache.max_len(),
-            cache: Some(cache),
-        })
-    }
-}
-
-/// One generation's sequence: its cache, lent to the stepper for each forward.
-struct BatchedSequence<'t> {
-    target: &'t BatchedGemma3,
-    cache: Option<KvCache>,
-    max_len: usize,
-}
-
-impl Drop for BatchedSequence<'_> {
-    fn drop(&mut self) {
-        self.target.alive.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// The error of a sequence whose cache a failed stepper kept.
-fn lost_cache() -> EngineError {
-    EngineError::Model(GemmaError::Request("the sequence lost its cache".into()))
-}
-
-impl BatchedSequence<'_> {
-    /// One step's forward of `tokens` at `pos`.
-    fn step(&mut self, tokens: &[u32], pos: usize, opts: ForwardOptions) -> Result<ForwardOutput> {
-        let cache = self.cache.take().ok_or_else(lost_cache)?;
-        let (cache, out) = self.target.submit(tokens, pos, cache, opts);
-        self.cache = Some(cache);
-        Ok(out?)
-    }
-}
-
-impl TargetSequence for BatchedSequence<'_> {
-    fn forward(
-        &mut self,
-        tokens: &[u32],
-        pos: usize,
-        logits: LogitsMode,
-        spec: &SnapshotSpec,
-    ) -> Result<TargetStep> {
-        let opts = forward_options(logits, spec)?;
-        // Prompts (only the last row's logits, or none) go a chunk per step; a block that
-        // needs every row's logits (verification) goes whole, as does an empty one (which
-        // the model refuses).
-        let prompt = matches!(logits, LogitsMode::Last | LogitsMode::None);
-        let chunk = match prompt {
-            true => self.target.limits.prefill_chunk,
-            false => tokens.len().max(1),
-        };
-        let parts: Vec<&[u32]> = match tokens.is_empty() {
-            true => vec![tokens],
-            false => tokens.chunks(chunk).collect(),
-        };
-        let mut step = TargetStep {
-            logits: None,
-            top: None,
-            snapshot: Vec::new(),
-        };
-        for (i, part) in parts.iter().enumerate() {
-            let opts = ForwardOptions {
-                logits: if i + 1 == parts.len() {
-                    logits
-                } else {
-                    LogitsMode::None
-                },
-                taps: opts.taps.clone(),
-            };
-            let out = self.step(part, pos + i * chunk, opts)?;
-            step.snapshot.extend(interleave(&out.taps, part.len())?);
-            (step.logits, step.top) = (out.logits, out.top);
-        }
-        Ok(step)
-    }
-
-    fn len(&self) -> usize {
-        self.cache.as_ref().map_or(0, KvCache::len)
-    }
-
-    fn max_len(&self) -> usize {
-        self.max_len
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        Ok(self.cache.as_mut().ok_or_else(lost_cache)?.truncate(len)?)
+        let max_len = cache.max_len();
+        Box::new(BatchedSequence::new(&self.steps, cache, max_len))
     }
 }

@@ -6,11 +6,14 @@
 //! ([`tandem_gemma::gemma4::Gemma4`]).
 
 mod batched;
+mod batched_sequence;
+mod device_batched;
 mod gemma3;
 mod gemma4;
 mod stepper;
 
 pub use batched::BatchedGemma3;
+pub use device_batched::BatchedDeviceGemma3;
 pub use gemma4::Gemma4Target;
 pub use stepper::BatchLimits;
 pub use tandem_core::batching::{StepObserver, StepReport};
@@ -74,6 +77,13 @@ pub trait Target: Send + Sync {
     fn observe_steps(&self, observer: Arc<dyn StepObserver>) -> bool {
         let _ = observer;
         false
+    }
+    /// Where generations share steps on a device, runs (and so captures) the shared steps
+    /// of blocks of 1 to `rows` tokens with `spec`'s snapshot for every batch size; returns
+    /// the step shapes built (0 elsewhere).
+    fn warm_batches(&self, spec: &SnapshotSpec, rows: usize) -> Result<usize> {
+        let _ = (spec, rows);
+        Ok(0)
     }
     /// The measured seconds of a batched step by its rows, where generations share steps.
     fn step_costs(&self) -> Option<StepCosts> {

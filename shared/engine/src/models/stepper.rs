@@ -1,15 +1,22 @@
 //! The stepper of a batched target: one thread that forms steps from the forwards
 //! generations send it ([`tandem_core::batching::gather`]: every forward waiting, and a
-//! short wait for running generations that have not sent theirs) and runs each step as one
-//! ragged forward.
+//! short wait for running generations that have not sent theirs) and runs each step on a
+//! [`StepRunner`] (the CPU kernels' ragged forward, or a device's batched steps), and
+//! [`Steps`], the channel generations send their forwards through.
 
 use std::sync::atomic::AtomicUsize;
-use std::sync::mpsc::{Receiver, SyncSender};
-use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tandem_core::batching::{gather, Gathering, Observers, Pace, Rows, StepReport};
-use tandem_gemma::{ForwardOptions, ForwardOutput, Gemma3, GemmaError, KvCache, Segment};
+use tandem_gemma::{
+    DeviceBatch, ForwardOptions, ForwardOutput, Gemma3, GemmaError, KvCache, Segment, SlotCache,
+    SlotSegment,
+};
+
+use crate::error::{EngineError, Result};
 
 /// How the stepper forms its steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +27,8 @@ pub struct BatchLimits {
     pub prefill_chunk: usize,
     /// The longest a step waits for running generations that have not sent their forward.
     pub max_wait: Duration,
+    /// Sequences a device target's KV pool holds (a sequence beyond them runs alone).
+    pub slots: usize,
 }
 
 impl Default for BatchLimits {
@@ -28,39 +37,192 @@ impl Default for BatchLimits {
             max_rows: 512,
             prefill_chunk: 128,
             max_wait: Duration::from_millis(5),
+            slots: 64,
         }
     }
 }
 
 /// A forward waiting for a step: the cache travels with it and comes back with the output.
-pub(super) struct Job {
+pub(super) struct Job<C> {
     pub(super) tokens: Vec<u32>,
     pub(super) pos: usize,
-    pub(super) cache: KvCache,
+    pub(super) cache: C,
     pub(super) opts: ForwardOptions,
-    pub(super) reply: SyncSender<(KvCache, tandem_gemma::Result<ForwardOutput>)>,
+    pub(super) reply: SyncSender<(C, tandem_gemma::Result<ForwardOutput>)>,
 }
 
-impl Rows for Job {
+impl<C> Rows for Job<C> {
     fn rows(&self) -> usize {
         self.tokens.len()
     }
 }
 
-/// The stepper thread's state.
-pub(super) struct Stepper {
-    pub(super) model: Arc<Gemma3>,
-    pub(super) jobs: Receiver<Job>,
+/// What a stepper runs its steps on.
+pub(super) trait StepRunner: Send + 'static {
+    /// The cache a job brings.
+    type Cache: Send + 'static;
+    /// Fails where [`Self::run`] would refuse `job`'s forward.
+    fn check(&self, job: &mut Job<Self::Cache>) -> tandem_gemma::Result<()>;
+    /// Runs the forwards of `jobs` (each passed [`Self::check`]) together, outputs in order.
+    fn run(&mut self, jobs: &mut [Job<Self::Cache>]) -> tandem_gemma::Result<Vec<ForwardOutput>>;
+}
+
+/// The CPU kernels' ragged forward ([`Gemma3::forward_ragged`]).
+pub(super) struct Ragged(pub(super) Arc<Gemma3>);
+
+impl StepRunner for Ragged {
+    type Cache = KvCache;
+
+    fn check(&self, job: &mut Job<KvCache>) -> tandem_gemma::Result<()> {
+        self.0.check_segment(&Segment {
+            tokens: &job.tokens,
+            pos: job.pos,
+            cache: &mut job.cache,
+            opts: &job.opts,
+        })
+    }
+
+    fn run(&mut self, jobs: &mut [Job<KvCache>]) -> tandem_gemma::Result<Vec<ForwardOutput>> {
+        let mut segs: Vec<Segment<'_>> = jobs
+            .iter_mut()
+            .map(|job| Segment {
+                tokens: &job.tokens,
+                pos: job.pos,
+                cache: &mut job.cache,
+                opts: &job.opts,
+            })
+            .collect();
+        self.0.forward_ragged(&mut segs)
+    }
+}
+
+/// A device's batched steps over its pool of KV slots, shared with the target (which
+/// warms its steps up through it).
+pub(super) struct Shared(pub(super) Arc<Mutex<DeviceBatch>>);
+
+impl Shared {
+    fn batch(&self) -> MutexGuard<'_, DeviceBatch> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl StepRunner for Shared {
+    type Cache = SlotCache;
+
+    fn check(&self, job: &mut Job<SlotCache>) -> tandem_gemma::Result<()> {
+        self.batch().check(&slot_segment(job))
+    }
+
+    fn run(&mut self, jobs: &mut [Job<SlotCache>]) -> tandem_gemma::Result<Vec<ForwardOutput>> {
+        let mut segs: Vec<SlotSegment<'_>> = jobs.iter_mut().map(slot_segment).collect();
+        self.batch().forward(&mut segs)
+    }
+}
+
+fn slot_segment(job: &mut Job<SlotCache>) -> SlotSegment<'_> {
+    SlotSegment {
+        tokens: &job.tokens,
+        pos: job.pos,
+        cache: &mut job.cache,
+        opts: &job.opts,
+    }
+}
+
+/// A stepper thread and the channel generations send their forwards to it through.
+pub(super) struct Steps<C> {
+    jobs: Option<Sender<Job<C>>>,
+    thread: Option<JoinHandle<()>>,
     pub(super) limits: BatchLimits,
     /// Generations (sequences) that exist.
     pub(super) alive: Arc<AtomicUsize>,
     pub(super) observers: Observers,
 }
 
-impl Stepper {
+impl<C: Send + 'static> Steps<C> {
+    /// Starts the stepper thread of `runner`.
+    pub(super) fn start<R: StepRunner<Cache = C>>(runner: R, limits: BatchLimits) -> Result<Self> {
+        let (tx, rx) = mpsc::channel();
+        let observers = Observers::default();
+        let alive = Arc::new(AtomicUsize::new(0));
+        let stepper = Stepper {
+            runner,
+            jobs: rx,
+            limits,
+            alive: alive.clone(),
+            observers: observers.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("tandem-stepper".into())
+            .spawn(move || stepper.run())
+            .map_err(|e| EngineError::Load(format!("cannot start the batch stepper: {e}")))?;
+        Ok(Self {
+            jobs: Some(tx),
+            thread: Some(thread),
+            limits,
+            alive,
+            observers,
+        })
+    }
+
+    /// Sends one forward to the stepper and waits for its step; the cache comes back
+    /// unless the stepper has gone.
+    pub(super) fn submit(
+        &self,
+        tokens: &[u32],
+        pos: usize,
+        cache: C,
+        opts: ForwardOptions,
+    ) -> (Option<C>, tandem_gemma::Result<ForwardOutput>) {
+        let (reply, answer) = mpsc::sync_channel(1);
+        let job = Job {
+            tokens: tokens.to_vec(),
+            pos,
+            cache,
+            opts,
+            reply,
+        };
+        let stopped = |job: Job<C>| {
+            let e = GemmaError::Request("the batch stepper has stopped".into());
+            (Some(job.cache), Err(e))
+        };
+        let Some(jobs) = &self.jobs else {
+            return stopped(job);
+        };
+        if let Err(mpsc::SendError(job)) = jobs.send(job) {
+            return stopped(job);
+        }
+        match answer.recv() {
+            Ok((cache, out)) => (Some(cache), out),
+            Err(_) => {
+                let e = GemmaError::Request("the batch stepper dropped a forward".into());
+                (None, Err(e))
+            }
+        }
+    }
+}
+
+impl<C> Drop for Steps<C> {
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The stepper thread's state.
+struct Stepper<R: StepRunner> {
+    runner: R,
+    jobs: Receiver<Job<R::Cache>>,
+    limits: BatchLimits,
+    alive: Arc<AtomicUsize>,
+    observers: Observers,
+}
+
+impl<R: StepRunner> Stepper<R> {
     /// Runs steps until every sender is gone.
-    pub(super) fn run(self) {
-        let mut held: Option<Job> = None;
+    fn run(mut self) {
+        let mut held: Option<Job<R::Cache>> = None;
         let mut pace = Pace::default();
         while let Some(first) = held.take().or_else(|| self.jobs.recv().ok()) {
             let limits = Gathering {
@@ -76,55 +238,43 @@ impl Stepper {
         }
     }
 
-    /// Runs `step`'s valid forwards together and answers every job (one that the model
-    /// refuses alone, with its error); returns the forward's seconds when it ran.
-    fn run_step(&self, step: Vec<Job>) -> Option<f64> {
-        let (mut ready, mut replies) = (Vec::new(), Vec::new());
+    /// Runs `step`'s valid forwards together and answers every job (one that the runner
+    /// refuses alone, with its error); returns the step's seconds when it ran.
+    fn run_step(&mut self, step: Vec<Job<R::Cache>>) -> Option<f64> {
+        let (mut ready, mut refused) = (Vec::new(), Vec::new());
         for mut job in step {
-            match self.model.check_segment(&segment(&mut job)) {
+            match self.runner.check(&mut job) {
                 Ok(()) => ready.push(job),
-                Err(e) => replies.push((job.reply, job.cache, Err(e))),
+                Err(e) => refused.push((job, e)),
             }
         }
-        let mut seconds = None;
-        if !ready.is_empty() {
-            let t0 = Instant::now();
-            let mut segs: Vec<Segment<'_>> = ready.iter_mut().map(segment).collect();
-            let outs = self.model.forward_ragged(&mut segs);
-            let report = StepReport {
-                sequences: segs.len(),
-                rows: segs.iter().map(|s| s.tokens.len()).sum(),
-                seconds: t0.elapsed().as_secs_f64(),
-            };
-            drop(segs);
-            seconds = Some(report.seconds);
-            self.observers.report(&report);
-            match outs {
-                Ok(outs) => replies.extend(
-                    ready
-                        .into_iter()
-                        .zip(outs)
-                        .map(|(job, out)| (job.reply, job.cache, Ok(out))),
-                ),
-                Err(e) => replies.extend(ready.into_iter().map(|job| {
-                    let e = GemmaError::Request(format!("a batched forward failed: {e}"));
-                    (job.reply, job.cache, Err(e))
-                })),
-            }
-        }
-        for (reply, cache, out) in replies {
+        for (job, e) in refused {
             // A generation that stopped waiting has gone; its cache goes with the answer.
-            let _ = reply.send((cache, out));
+            let _ = job.reply.send((job.cache, Err(e)));
         }
-        seconds
-    }
-}
-
-fn segment(job: &mut Job) -> Segment<'_> {
-    Segment {
-        tokens: &job.tokens,
-        pos: job.pos,
-        cache: &mut job.cache,
-        opts: &job.opts,
+        if ready.is_empty() {
+            return None;
+        }
+        let t0 = Instant::now();
+        let outs = self.runner.run(&mut ready);
+        let report = StepReport {
+            sequences: ready.len(),
+            rows: ready.iter().map(|j| j.tokens.len()).sum(),
+            seconds: t0.elapsed().as_secs_f64(),
+        };
+        self.observers.report(&report);
+        let outs: Vec<tandem_gemma::Result<ForwardOutput>> = match outs {
+            Ok(outs) => outs.into_iter().map(Ok).collect(),
+            Err(e) => (0..ready.len())
+                .map(|_| {
+                    let e = GemmaError::Request(format!("a batched forward failed: {e}"));
+                    Err(e)
+                })
+                .collect(),
+        };
+        for (job, out) in ready.into_iter().zip(outs) {
+            let _ = job.reply.send((job.cache, out));
+        }
+        Some(report.seconds)
     }
 }
