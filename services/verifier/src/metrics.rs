@@ -123,6 +123,7 @@ pub struct VerifierMetrics {
     batch_sessions: Histogram,
     batch_rows: Histogram,
     batch_step: Histogram,
+    batch_unbatched: Counter,
 }
 
 impl VerifierMetrics {
@@ -223,6 +224,11 @@ impl VerifierMetrics {
             drafter_failovers: r.counter(
                 "tandem_drafter_failovers_total",
                 "Drafting sessions moved to another drafter after theirs died or stalled.",
+                &[],
+            ),
+            batch_unbatched: r.counter(
+                "tandem_batch_unbatched_generations_total",
+                "Generations that ran alone, outside the batch (no free KV slot fitted them).",
                 &[],
             ),
             snapshot_chunks: r.counter(
@@ -409,5 +415,9 @@ impl StepObserver for VerifierMetrics {
         self.batch_sessions.record(r.sequences as f64);
         self.batch_rows.record(r.rows as f64);
         self.batch_step.record(r.seconds);
+    }
+
+    fn unbatched(&self) {
+        self.batch_unbatched.increment(1);
     }
 }

@@ -27,6 +27,9 @@ pub struct StepReport {
 pub trait StepObserver: Send + Sync {
     /// Called after each step, on the batching thread.
     fn step(&self, report: &StepReport);
+    /// Called when a generation runs alone, outside the batch (no room in it), on the
+    /// generation's thread.
+    fn unbatched(&self) {}
 }
 
 /// Everything that receives a batching thread's reports; observers join at any time.
@@ -46,6 +49,12 @@ impl Observers {
     pub fn report(&self, report: &StepReport) {
         let observers = self.0.read().unwrap_or_else(|e| e.into_inner());
         observers.iter().for_each(|o| o.step(report));
+    }
+
+    /// Tells every observer that a generation runs outside the batch.
+    pub fn unbatched(&self) {
+        let observers = self.0.read().unwrap_or_else(|e| e.into_inner());
+        observers.iter().for_each(|o| o.unbatched());
     }
 }
 

@@ -28,6 +28,7 @@ struct Steps {
     most_sequences: AtomicUsize,
     most_rows: AtomicUsize,
     rows: Mutex<Vec<usize>>,
+    unbatched: AtomicUsize,
 }
 
 impl StepObserver for Steps {
@@ -37,6 +38,10 @@ impl StepObserver for Steps {
             .fetch_max(r.sequences, Ordering::Relaxed);
         self.most_rows.fetch_max(r.rows, Ordering::Relaxed);
         self.rows.lock().expect("rows").push(r.rows);
+    }
+
+    fn unbatched(&self) {
+        self.unbatched.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -184,4 +189,5 @@ fn batched_device_generations_equal_their_unbatched_runs() {
     }
     let most = steps.most_sequences.load(Ordering::Relaxed);
     assert!(most >= 2, "no step held two sessions (most {most})");
+    assert_eq!(steps.unbatched.load(Ordering::Relaxed), 2, "two ran alone");
 }

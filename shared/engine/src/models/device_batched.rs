@@ -3,7 +3,8 @@
 //! sends its forwards to one stepper thread, which runs them as batched steps of the
 //! device ([`DeviceBatch`]: CUDA graphs per batch bucket over a pool of KV slots). A
 //! generation gets a slot of the pool for its cache; one that finds none free, or is
-//! longer than a slot, runs alone on the model's own path, with a warning. Prompts go
+//! longer than a slot, runs alone on the model's own path, with a warning and a report to
+//! the step observers (the verifier counts them). Prompts go
 //! [`MAX_STEP_ROWS`] tokens a step (the longest block a graph takes).
 //!
 //! On a GPU the steps are not batch invariant (cuBLAS chooses kernels by shape): greedy
@@ -164,6 +165,7 @@ impl Target for BatchedDeviceGemma3 {
                     free_slots = self.slots.available(),
                     "no KV slot of the batch fits this generation; it runs alone, unbatched"
                 );
+                self.steps.observers.unbatched();
                 Target::start(self.model.as_ref(), max_len)
             }
         }
