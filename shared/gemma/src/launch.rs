@@ -22,6 +22,21 @@ use crate::error::Result;
 /// Columns per chunk of [`argmax_rows`]' first pass.
 const ARGMAX_CHUNK: usize = 1024;
 
+/// Makes `device`'s CUDA context current on the calling thread (a no-op elsewhere). A
+/// thread that only receives device tensors from another (a generation whose forwards a
+/// batch stepper runs) must call it before dropping them: the driver frees a dropped
+/// tensor's memory in the thread's current context, and without one the free fails (the
+/// memory leaks, and the error surfaces in a later, unrelated call).
+pub fn bind_thread(device: &Device) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(cuda) = device {
+        let bound = cuda.cuda_stream().context().bind_to_thread();
+        bound.map_err(|e| candle_core::Error::Msg(format!("binding {device:?}: {e}")))?;
+    }
+    let _ = device;
+    Ok(())
+}
+
 /// Prepares a CUDA device for launch-bound work (see the module doc); a no-op on other
 /// devices. Call it once, before the device allocates.
 pub fn prepare_device(device: &Device) -> Result<()> {

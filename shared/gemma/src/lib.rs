@@ -37,6 +37,6 @@ pub use gemma3::{
 pub use gguf::inspect_gguf;
 pub use golden::{GoldenCase, GoldenFixture};
 pub use graph::{Replayed, Spares};
-pub use launch::{argmax_rows, prepare_device, rms_norm, with_cached_layouts};
+pub use launch::{argmax_rows, bind_thread, prepare_device, rms_norm, with_cached_layouts};
 pub use loader::verify_sha256;
 pub use tandem_kernels::TopRow;

@@ -17,8 +17,8 @@ use std::time::Instant;
 use tandem_core::batching::StepObserver;
 use tandem_core::{SnapshotSpec, SnapshotSupport, StepCosts, TargetIdentity};
 use tandem_gemma::{
-    DeviceBatch, DeviceGemma3, DeviceSlots, ForwardOptions, LogitsMode, SlotCache, SlotSegment,
-    TargetHead, MAX_STEP_ROWS,
+    bind_thread, DeviceBatch, DeviceGemma3, DeviceSlots, ForwardOptions, LogitsMode, SlotCache,
+    SlotSegment, TargetHead, MAX_STEP_ROWS,
 };
 
 use super::batched_sequence::BatchedSequence;
@@ -156,6 +156,10 @@ impl Target for BatchedDeviceGemma3 {
     }
 
     fn start(&self, max_len: usize) -> Box<dyn TargetSequence + '_> {
+        // The generation's thread drops the device logits the stepper hands it.
+        if let Err(error) = bind_thread(self.model.device()) {
+            tracing::warn!(%error, "the device's context could not be bound to a generation");
+        }
         match self.slots.take(max_len) {
             Some(cache) => Box::new(BatchedSequence::new(&self.steps, cache, max_len)),
             None => {
