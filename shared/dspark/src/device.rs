@@ -18,7 +18,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::ops::softmax_last_dim;
 use tandem_core::{distribution, DraftBlock, Sampler, SparseDist};
-use tandem_gemma::{rms_norm, scatter_rows, with_cached_layouts, TargetHead};
+use tandem_gemma::{bind_thread, rms_norm, scatter_rows, with_cached_layouts, TargetHead};
 
 use crate::backbone::softcap;
 use crate::batch::{sample_blocks, MarkovRow};
@@ -77,6 +77,13 @@ pub struct DeviceDrafter {
     /// Whether fixed-shape steps are captured as CUDA graphs (on a CUDA device).
     graphs: bool,
     pool: Arc<StoragePool>,
+}
+
+impl Drop for DeviceDrafter {
+    /// The weights are freed in the device's context, whichever thread drops the drafter.
+    fn drop(&mut self) {
+        let _ = bind_thread(self.head.device());
+    }
 }
 
 impl Dspark {

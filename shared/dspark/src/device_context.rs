@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
-use tandem_gemma::{Replayed, Spares};
+use tandem_gemma::{bind_thread, Replayed, Spares};
 
 use crate::error::Result;
 
@@ -143,6 +143,16 @@ pub(crate) struct Storage {
     pub(crate) extends: HashMap<usize, ExtendStep>,
     /// Block steps by span.
     pub(crate) blocks: HashMap<usize, BlockStep>,
+}
+
+impl Drop for Storage {
+    /// The tensors are freed in the device's context, whichever thread drops the storage
+    /// (a session ended on a thread that never drafted).
+    fn drop(&mut self) {
+        if let Some(k) = self.k.first() {
+            let _ = bind_thread(k.device());
+        }
+    }
 }
 
 impl Storage {

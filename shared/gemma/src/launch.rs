@@ -15,7 +15,7 @@
 //! spreads the greedy choice over a 262k vocabulary across many blocks; [`rms_norm`] runs
 //! each row's norm with a whole block of threads.
 
-use candle_core::{Device, Tensor, D};
+use candle_core::{DType, Device, Tensor, D};
 
 use crate::error::Result;
 
@@ -100,6 +100,31 @@ pub fn argmax_rows(t: &Tensor) -> Result<Vec<u32>> {
     Ok(both
         .iter()
         .map(|r| r[0] * ARGMAX_CHUNK as u32 + r[1])
+        .collect())
+}
+
+/// Each row's argmax, as [`argmax_rows`] picks it, with the row's maximum: both come back
+/// in one copy (indices as f32, exact below 2^24).
+pub fn argmax_with_max(t: &Tensor) -> Result<Vec<(u32, f32)>> {
+    let (m, n) = t.dims2()?;
+    let t = t.to_dtype(DType::F32)?;
+    let f32s = |x: &Tensor| x.to_dtype(DType::F32);
+    let rows = if n % ARGMAX_CHUNK != 0 || n == ARGMAX_CHUNK {
+        let best = f32s(&t.argmax_keepdim(D::Minus1)?)?;
+        let zero = best.zeros_like()?;
+        Tensor::cat(&[best, zero, t.max_keepdim(D::Minus1)?], 1)?
+    } else {
+        let chunks = t.reshape((m, n / ARGMAX_CHUNK, ARGMAX_CHUNK))?;
+        let maxima = chunks.max_keepdim(2)?.squeeze(2)?;
+        let best = maxima.argmax_keepdim(1)?;
+        let within = chunks.argmax_keepdim(2)?.squeeze(2)?.gather(&best, 1)?;
+        let best = f32s(&best)?.affine(ARGMAX_CHUNK as f64, 0.0)?;
+        Tensor::cat(&[best, f32s(&within)?, maxima.max_keepdim(1)?], 1)?
+    };
+    Ok(rows
+        .to_vec2::<f32>()?
+        .iter()
+        .map(|r| ((r[0] + r[1]) as u32, r[2]))
         .collect())
 }
 
@@ -207,7 +232,8 @@ mod tests {
     use super::*;
 
     /// Two passes pick what one pass picks, in wide rows (the maximum in the first, a
-    /// middle and the last chunk) and in rows too narrow or ragged for chunks.
+    /// middle and the last chunk) and in rows too narrow or ragged for chunks, and come
+    /// back with the row's maximum.
     #[test]
     fn two_pass_argmax_is_the_row_argmax() {
         for n in [4096usize, 1024, 1000, 3000] {
@@ -223,6 +249,8 @@ mod tests {
                 vec![0, n as u32 / 2 + 3, n as u32 - 1],
                 "n {n}"
             );
+            let with_max = argmax_with_max(&t).expect("argmax and max");
+            assert!(with_max.iter().all(|(_, v)| *v == 5.0), "n {n}");
         }
     }
 }

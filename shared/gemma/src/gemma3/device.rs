@@ -29,7 +29,7 @@ use super::model::{ForwardOptions, ForwardOutput, LogitsMode, Precision};
 use super::names::{LayerTensor, Role};
 use crate::error::{GemmaError, Result};
 use crate::fused::{add_norm, geglu, qkv_heads, Heads};
-use crate::launch::{rms_norm, with_cached_layouts};
+use crate::launch::{bind_thread, rms_norm, with_cached_layouts};
 use crate::loader::{self, TensorSource};
 use crate::ops::Rope;
 
@@ -512,6 +512,14 @@ impl DeviceGemma3 {
         let p = softmax_last_dim(&scores)?.to_dtype(self.opts.dtype)?;
         let out = p.matmul(&by_head(values)?)?.reshape((b, nkv, m, g * hd))?;
         Ok(out.transpose(1, 2)?.reshape((b * m, nh * hd))?)
+    }
+}
+
+impl Drop for DeviceGemma3 {
+    /// The weights are freed in the device's context, whichever thread drops the model
+    /// ([`crate::bind_thread`]).
+    fn drop(&mut self) {
+        let _ = bind_thread(&self.opts.device);
     }
 }
 

@@ -31,7 +31,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};
 
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor};
 
 use super::device::DeviceGemma3;
 use super::device_frame::Store;
@@ -40,7 +40,7 @@ use super::device_step::{RopeTables, MAX_STEP_ROWS, MIN_SPAN};
 use super::model::{ForwardOptions, ForwardOutput, LogitsMode};
 use crate::error::{GemmaError, Result};
 use crate::graph::Replayed;
-use crate::launch::{argmax_rows, rms_norm, with_cached_layouts};
+use crate::launch::{argmax_with_max, bind_thread, rms_norm, with_cached_layouts};
 use crate::TopRow;
 
 /// Sequences one step runs at most (more run in several steps).
@@ -379,7 +379,6 @@ impl DeviceBatch {
         segs: &[SlotSegment<'_>],
         group: &[usize],
     ) -> Result<Vec<ForwardOutput>> {
-        let dev = &self.model.opts.device;
         let h = self.model.cfg.hidden_size;
         let rows = |b: usize, r: std::ops::Range<usize>| r.map(move |r| (b * key.rows + r) as u32);
         let real: Vec<u32> = group
@@ -387,11 +386,10 @@ impl DeviceBatch {
             .enumerate()
             .flat_map(|(b, &i)| rows(b, 0..segs[i].tokens.len()))
             .collect();
-        let real = Tensor::new(real, dev)?;
         // The taps and the final-norm rows travel in one copy.
         let parts = (step.taps.iter().chain([&step.normed]))
-            .map(|t| t.index_select(&real, 0))
-            .collect::<candle_core::Result<Vec<_>>>()?;
+            .map(|t| pick_rows(t, &real))
+            .collect::<Result<Vec<_>>>()?;
         let host = Tensor::cat(&parts, 1)?
             .to_dtype(DType::F32)?
             .to_device(&Device::Cpu)?;
@@ -453,25 +451,19 @@ impl DeviceBatch {
         if ids.is_empty() {
             return Ok(vec![None; group.len()]);
         }
-        let dev = &self.model.opts.device;
-        let normed = normed.index_select(&Tensor::new(ids, dev)?, 0)?;
+        let normed = pick_rows(normed, &ids)?;
         let logits = self.model.logits(&normed)?;
         let greedy_rows: usize = (group.iter().filter(|&&i| greedy(i)))
             .map(|&i| segs[i].tokens.len())
             .sum();
         let mut tops = match greedy_rows {
             0 => Vec::new(),
-            n => {
-                let rows = logits.narrow(0, 0, n)?;
-                let best = argmax_rows(&rows)?;
-                let values = rows.max(D::Minus1)?.to_vec1::<f32>()?;
-                (best.into_iter().zip(values))
-                    .map(|(id, v)| TopRow {
-                        ids: vec![id],
-                        values: vec![v],
-                    })
-                    .collect()
-            }
+            n => (argmax_with_max(&logits.narrow(0, 0, n)?)?.into_iter())
+                .map(|(id, v)| TopRow {
+                    ids: vec![id],
+                    values: vec![v],
+                })
+                .collect(),
         }
         .into_iter();
         let mut out = vec![None; group.len()];
@@ -483,6 +475,14 @@ impl DeviceBatch {
             out[b] = Some((Some(logits.narrow(0, span.start, span.len())?), top));
         }
         Ok(out)
+    }
+}
+
+impl Drop for DeviceBatch {
+    /// The pool and the steps' tensors are freed in the device's context, whichever thread
+    /// drops the batch ([`crate::bind_thread`]).
+    fn drop(&mut self) {
+        let _ = bind_thread(&self.model.opts.device);
     }
 }
 
@@ -507,6 +507,18 @@ fn groups(segs: &[SlotSegment<'_>]) -> Vec<Vec<usize>> {
                 .collect::<Vec<_>>()
         })
         .collect()
+}
+
+/// Rows `ids` of `t`: a view where they are consecutive (a full step's), else a copy.
+fn pick_rows(t: &Tensor, ids: &[u32]) -> Result<Tensor> {
+    let first = ids.first().copied().unwrap_or(0);
+    if (ids.iter())
+        .enumerate()
+        .all(|(i, &r)| r == first + i as u32)
+    {
+        return Ok(t.narrow(0, first as usize, ids.len())?);
+    }
+    Ok(t.index_select(&Tensor::new(ids, t.device())?, 0)?)
 }
 
 /// The rows a block of `m` tokens is padded to.
