@@ -192,7 +192,7 @@ impl ModelArgs {
     }
 
     /// [`Self::load_engine`], with concurrent generations' forwards batched within
-    /// `batching` (CPU Gemma 3 targets).
+    /// `batching` (Gemma 3 targets).
     pub fn load_engine_batched(&self, batching: Option<BatchLimits>) -> Result<Engine> {
         let files = TargetFiles {
             model: self.model_path()?,
