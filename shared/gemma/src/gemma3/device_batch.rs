@@ -238,7 +238,8 @@ impl DeviceBatch {
         let model = self.model.clone();
         let _turn = model.turn.lock().unwrap_or_else(PoisonError::into_inner);
         let mut outs: Vec<Option<ForwardOutput>> = segs.iter().map(|_| None).collect();
-        for group in groups(segs) {
+        let lengths: Vec<usize> = segs.iter().map(|s| s.tokens.len()).collect();
+        for group in groups(&lengths) {
             match self.run_group(segs, &group) {
                 Ok(done) => group.iter().zip(done).for_each(|(&i, o)| outs[i] = Some(o)),
                 Err(e) => {
@@ -486,12 +487,12 @@ impl Drop for DeviceBatch {
     }
 }
 
-/// The segments of a forward grouped into steps: every block of at most [`SHARED_BLOCK`]
-/// tokens together, longer ones by their block length, at most [`MAX_BATCH`] a step.
-fn groups(segs: &[SlotSegment<'_>]) -> Vec<Vec<usize>> {
+/// The segments of a forward, by their blocks' `lengths`, grouped into steps: every block
+/// of at most [`SHARED_BLOCK`] tokens together, longer ones by their block length, at most
+/// [`MAX_BATCH`] a step.
+fn groups(lengths: &[usize]) -> Vec<Vec<usize>> {
     let mut by_rows: Vec<(usize, Vec<usize>)> = Vec::new();
-    for (i, s) in segs.iter().enumerate() {
-        let m = s.tokens.len();
+    for (i, &m) in lengths.iter().enumerate() {
         let class = if m <= SHARED_BLOCK { 0 } else { block_rows(m) };
         match by_rows.iter_mut().find(|(c, _)| *c == class) {
             Some((_, members)) => members.push(i),
@@ -529,4 +530,44 @@ fn block_rows(m: usize) -> usize {
 /// The sequences a step of `n` is padded to.
 fn batch_rows(n: usize) -> usize {
     BATCH_BUCKETS.into_iter().find(|&b| b >= n).unwrap_or(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Every segment steps exactly once, at most `MAX_BATCH` to a step, every block fits
+        /// its step's padded length, and a step mixes no short block with a long one nor
+        /// long blocks of different lengths.
+        #[test]
+        fn every_segment_steps_once_in_a_step_that_fits_it(
+            lengths in proptest::collection::vec(1usize..80, 0..150),
+        ) {
+            let steps = groups(&lengths);
+            let mut seen: Vec<usize> = steps.iter().flatten().copied().collect();
+            seen.sort_unstable();
+            prop_assert_eq!(seen, (0..lengths.len()).collect::<Vec<_>>());
+            for step in &steps {
+                prop_assert!(!step.is_empty() && step.len() <= MAX_BATCH);
+                prop_assert!(batch_rows(step.len()) >= step.len());
+                let longest = step.iter().map(|&i| lengths[i]).max().unwrap_or(1);
+                let rows = block_rows(longest);
+                prop_assert!(step.iter().all(|&i| lengths[i] <= rows));
+                if longest > SHARED_BLOCK {
+                    prop_assert!(step.iter().all(|&i| block_rows(lengths[i]) == rows));
+                }
+            }
+        }
+    }
+
+    /// Blocks pad to the buckets, and past the largest keep their length.
+    #[test]
+    fn blocks_pad_to_their_bucket() {
+        let padded: Vec<usize> = [1, 3, 5, 9, 10, 13, 17, 32, 33].map(block_rows).to_vec();
+        assert_eq!(padded, vec![1, 4, 8, 9, 12, 16, 32, 32, 33]);
+        assert_eq!([1, 3, 33, 64].map(batch_rows), [1, 4, 64, 64]);
+    }
 }
