@@ -163,11 +163,6 @@ impl DeviceBatch {
         self.slots.clone()
     }
 
-    /// The model it steps.
-    pub fn model(&self) -> &Arc<DeviceGemma3> {
-        &self.model
-    }
-
     /// Step shapes built so far.
     pub fn step_shapes(&self) -> usize {
         self.steps.len()
