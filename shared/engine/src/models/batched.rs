@@ -90,30 +90,7 @@ fn profile(model: &Gemma3) -> Result<StepCosts> {
 }
 
 impl Target for BatchedGemma3 {
-    fn facts(&self) -> TargetFacts {
-        Target::facts(self.model.as_ref())
-    }
-
-    fn identity(&self) -> Result<TargetIdentity> {
-        Target::identity(self.model.as_ref())
-    }
-
-    fn snapshot_support(&self) -> SnapshotSupport {
-        Target::snapshot_support(self.model.as_ref())
-    }
-
-    fn head(&self) -> Option<TargetHead> {
-        Target::head(self.model.as_ref())
-    }
-
-    fn observe_steps(&self, observer: Arc<dyn StepObserver>) -> bool {
-        self.steps.observers.add(observer);
-        true
-    }
-
-    fn step_costs(&self) -> Option<StepCosts> {
-        Some(self.costs.clone())
-    }
+    batched_target_common!();
 
     fn start(&self, max_len: usize) -> Box<dyn TargetSequence + '_> {
         let cache = self.model.new_cache(max_len);

@@ -86,11 +86,11 @@ fn profile(batch: &mut DeviceBatch) -> Result<StepCosts> {
         let mut caches: Vec<SlotCache> = (0..rows)
             .filter_map(|_| slots.take(PROFILE_CONTEXT + 1))
             .collect();
-        batch.forward(&mut segments(&mut caches, &context, &none))?;
+        batch.forward(&mut SlotSegment::at_ends(&mut caches, &context, &none))?;
         let mut best = f64::INFINITY;
         for _ in 0..3 {
             let t0 = Instant::now();
-            batch.forward(&mut segments(&mut caches, &[2000], &greedy))?;
+            batch.forward(&mut SlotSegment::at_ends(&mut caches, &[2000], &greedy))?;
             best = best.min(t0.elapsed().as_secs_f64());
             caches
                 .iter_mut()
@@ -103,56 +103,17 @@ fn profile(batch: &mut DeviceBatch) -> Result<StepCosts> {
         .ok_or_else(|| EngineError::Load("profiling batched steps measured no time".into()))
 }
 
-/// One segment of `tokens` per cache, each at its cache's end.
-fn segments<'a>(
-    caches: &'a mut [SlotCache],
-    tokens: &'a [u32],
-    opts: &'a ForwardOptions,
-) -> Vec<SlotSegment<'a>> {
-    (caches.iter_mut())
-        .map(|cache| SlotSegment {
-            tokens,
-            pos: cache.len(),
-            cache,
-            opts,
-        })
-        .collect()
-}
-
 impl Target for BatchedDeviceGemma3 {
-    fn facts(&self) -> TargetFacts {
-        Target::facts(self.model.as_ref())
-    }
-
-    fn identity(&self) -> Result<TargetIdentity> {
-        Target::identity(self.model.as_ref())
-    }
-
-    fn snapshot_support(&self) -> SnapshotSupport {
-        Target::snapshot_support(self.model.as_ref())
-    }
-
-    fn head(&self) -> Option<TargetHead> {
-        Target::head(self.model.as_ref())
-    }
+    batched_target_common!();
 
     fn captures_steps(&self) -> bool {
         self.model.captures_steps()
-    }
-
-    fn observe_steps(&self, observer: Arc<dyn StepObserver>) -> bool {
-        self.steps.observers.add(observer);
-        true
     }
 
     fn warm_batches(&self, spec: &SnapshotSpec, rows: usize) -> Result<usize> {
         let opts = forward_options(LogitsMode::Top(1), spec)?;
         let mut batch = self.batch.lock().unwrap_or_else(PoisonError::into_inner);
         Ok(batch.warm(rows, &opts)?)
-    }
-
-    fn step_costs(&self) -> Option<StepCosts> {
-        Some(self.costs.clone())
     }
 
     fn start(&self, max_len: usize) -> Box<dyn TargetSequence + '_> {

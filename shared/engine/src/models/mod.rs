@@ -5,6 +5,38 @@
 //! candle device ([`tandem_gemma::DeviceGemma3`]) and Gemma 4 text
 //! ([`tandem_gemma::gemma4::Gemma4`]).
 
+/// The [`Target`] methods a batched target takes from the model it batches (its field
+/// `model`) and from its stepper (`steps`) and step costs (`costs`): the same for the CPU
+/// and the device batch.
+macro_rules! batched_target_common {
+    () => {
+        fn facts(&self) -> TargetFacts {
+            Target::facts(self.model.as_ref())
+        }
+
+        fn identity(&self) -> Result<TargetIdentity> {
+            Target::identity(self.model.as_ref())
+        }
+
+        fn snapshot_support(&self) -> SnapshotSupport {
+            Target::snapshot_support(self.model.as_ref())
+        }
+
+        fn head(&self) -> Option<TargetHead> {
+            Target::head(self.model.as_ref())
+        }
+
+        fn observe_steps(&self, observer: Arc<dyn StepObserver>) -> bool {
+            self.steps.observers.add(observer);
+            true
+        }
+
+        fn step_costs(&self) -> Option<StepCosts> {
+            Some(self.costs.clone())
+        }
+    };
+}
+
 mod batched;
 mod batched_sequence;
 mod device_batched;

@@ -74,25 +74,21 @@ impl StepRunner for Ragged {
     type Cache = KvCache;
 
     fn check(&self, job: &mut Job<KvCache>) -> tandem_gemma::Result<()> {
-        self.0.check_segment(&Segment {
-            tokens: &job.tokens,
-            pos: job.pos,
-            cache: &mut job.cache,
-            opts: &job.opts,
-        })
+        self.0.check_segment(&segment(job))
     }
 
     fn run(&mut self, jobs: &mut [Job<KvCache>]) -> tandem_gemma::Result<Vec<ForwardOutput>> {
-        let mut segs: Vec<Segment<'_>> = jobs
-            .iter_mut()
-            .map(|job| Segment {
-                tokens: &job.tokens,
-                pos: job.pos,
-                cache: &mut job.cache,
-                opts: &job.opts,
-            })
-            .collect();
+        let mut segs: Vec<Segment<'_>> = jobs.iter_mut().map(segment).collect();
         self.0.forward_ragged(&mut segs)
+    }
+}
+
+fn segment(job: &mut Job<KvCache>) -> Segment<'_> {
+    Segment {
+        tokens: &job.tokens,
+        pos: job.pos,
+        cache: &mut job.cache,
+        opts: &job.opts,
     }
 }
 

@@ -434,6 +434,36 @@ impl DeviceGemma3 {
         Ok(x)
     }
 
+    /// Every layer over the step input `x` with the caches' `(k, v)` per layer, then the
+    /// final norm: the final-norm rows into `normed`, and the output of each layer of
+    /// `tap_layers` (the model's layer count: the final-norm rows) into its `taps` tensor.
+    /// What a fixed-shape or batched step runs.
+    pub(super) fn run_layers(
+        &self,
+        x: &Tensor,
+        ctx: &Context,
+        (k, v): (&[Tensor], &[Tensor]),
+        store: &Store,
+        (normed, taps, tap_layers): (&Tensor, &[Tensor], &[usize]),
+    ) -> Result<()> {
+        let tap = |i: usize, x: &Tensor| -> Result<()> {
+            for (out, t) in taps.iter().zip(tap_layers) {
+                if *t == i {
+                    out.slice_set(x, 0, 0)?;
+                }
+            }
+            Ok(())
+        };
+        let mut x = x.clone();
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = self.layer(layer, &x, ctx, (&k[i], &v[i]), store)?;
+            tap(i, &x)?;
+        }
+        let last = rms_norm(&x, &self.final_norm, self.cfg.rms_norm_eps as f32)?;
+        normed.slice_set(&last, 0, 0)?;
+        tap(self.layers.len(), &last)
+    }
+
     fn heads(&self) -> Heads {
         Heads {
             q: self.cfg.num_attention_heads,

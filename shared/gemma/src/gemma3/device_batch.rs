@@ -40,7 +40,7 @@ use super::device_step::{RopeTables, MAX_STEP_ROWS, MIN_SPAN};
 use super::model::{ForwardOptions, ForwardOutput, LogitsMode};
 use crate::error::{GemmaError, Result};
 use crate::graph::Replayed;
-use crate::launch::{argmax_with_max, bind_thread, rms_norm, with_cached_layouts};
+use crate::launch::{argmax_with_max, bind_thread, with_cached_layouts};
 use crate::TopRow;
 
 /// Sequences one step runs at most (more run in several steps).
@@ -63,6 +63,24 @@ pub struct SlotSegment<'a> {
     pub cache: &'a mut SlotCache,
     /// What the forward returns for this block.
     pub opts: &'a ForwardOptions,
+}
+
+impl<'a> SlotSegment<'a> {
+    /// One segment of `tokens` with `opts` per cache, each at its cache's end.
+    pub fn at_ends(
+        caches: &'a mut [SlotCache],
+        tokens: &'a [u32],
+        opts: &'a ForwardOptions,
+    ) -> Vec<Self> {
+        (caches.iter_mut())
+            .map(|cache| SlotSegment {
+                tokens,
+                pos: cache.len(),
+                cache,
+                opts,
+            })
+            .collect()
+    }
 }
 
 /// Batched steps of a [`DeviceGemma3`] over a pool of KV slots (see the module docs).
@@ -182,15 +200,7 @@ impl DeviceBatch {
                 .collect();
             for &r in &buckets {
                 let tokens = vec![0; r];
-                let mut segs: Vec<SlotSegment<'_>> = (caches.iter_mut())
-                    .map(|cache| SlotSegment {
-                        tokens: &tokens,
-                        pos: 0,
-                        cache,
-                        opts,
-                    })
-                    .collect();
-                self.forward(&mut segs)?;
+                self.forward(&mut SlotSegment::at_ends(&mut caches, &tokens, opts))?;
                 caches.iter_mut().try_for_each(|c| c.truncate(0))?;
             }
         }
@@ -347,22 +357,8 @@ impl DeviceBatch {
                 gather: step.ids.narrow(0, 2 * n, key.batch * key.span)?,
                 span: key.span,
             };
-            let tap = |i: usize, x: &Tensor| -> Result<()> {
-                for (out, t) in step.taps.iter().zip(&key.taps) {
-                    if *t == i {
-                        out.slice_set(x, 0, 0)?;
-                    }
-                }
-                Ok(())
-            };
-            let mut x = step.x.clone();
-            for (i, layer) in model.layers.iter().enumerate() {
-                x = model.layer(layer, &x, &ctx, (&self.k[i], &self.v[i]), &store)?;
-                tap(i, &x)?;
-            }
-            let normed = rms_norm(&x, &model.final_norm, model.cfg.rms_norm_eps as f32)?;
-            step.normed.slice_set(&normed, 0, 0)?;
-            tap(model.layers.len(), &normed)
+            let outs = (&step.normed, step.taps.as_slice(), key.taps.as_slice());
+            model.run_layers(&step.x, &ctx, (&self.k, &self.v), &store, outs)
         })
     }
 

@@ -43,7 +43,7 @@ use super::model::{ForwardOptions, ForwardOutput, LogitsMode};
 use super::step_clock::StepClock;
 use crate::error::Result;
 use crate::graph::{Replayed, Spares};
-use crate::launch::{rms_norm, with_cached_layouts};
+use crate::launch::with_cached_layouts;
 use crate::ops::Rope;
 
 /// Positions a cache of fixed-shape steps holds (fewer where the model's context is
@@ -354,22 +354,8 @@ impl DeviceGemma3 {
     ) -> Result<()> {
         with_cached_layouts(&self.opts.device, || -> Result<()> {
             let (ctx, store) = self.step_context(key, step)?;
-            let tap = |i: usize, x: &Tensor| -> Result<()> {
-                for (out, t) in step.taps.iter().zip(&key.taps) {
-                    if *t == i {
-                        out.slice_set(x, 0, 0)?;
-                    }
-                }
-                Ok(())
-            };
-            let mut x = step.x.clone();
-            for (i, layer) in self.layers.iter().enumerate() {
-                x = self.layer(layer, &x, &ctx, (&k[i], &v[i]), &store)?;
-                tap(i, &x)?;
-            }
-            let normed = rms_norm(&x, &self.final_norm, self.cfg.rms_norm_eps as f32)?;
-            step.normed.slice_set(&normed, 0, 0)?;
-            tap(self.layers.len(), &normed)
+            let outs = (&step.normed, step.taps.as_slice(), key.taps.as_slice());
+            self.run_layers(&step.x, &ctx, (k, v), &store, outs)
         })
     }
 
