@@ -80,6 +80,14 @@ fn jobs() -> Vec<Job> {
         .collect()
 }
 
+/// The tokens `engine` generates for `job` (its oracle drafting, where it has one).
+fn tokens(engine: &Engine, job: &Job) -> Vec<u32> {
+    let proposer = job.oracle.as_ref().map(|o| o as _);
+    let mut sink = |_: &tandem_engine::Update| std::ops::ControlFlow::Continue(());
+    let out = engine.generate(&job.req, proposer, &mut sink);
+    out.expect("generation").tokens
+}
+
 /// Each job's tokens, generated on `engine` on threads of their own, joining a few steps
 /// apart (and, with their different lengths, leaving at different times).
 fn concurrently(engine: &Engine, jobs: &[Job]) -> Vec<Vec<u32>> {
@@ -90,12 +98,7 @@ fn concurrently(engine: &Engine, jobs: &[Job]) -> Vec<Vec<u32>> {
             .map(|(i, j)| {
                 s.spawn(move || {
                     std::thread::sleep(Duration::from_millis(40 * i as u64));
-                    let proposer = j.oracle.as_ref().map(|o| o as _);
-                    let mut sink = |_: &tandem_engine::Update| std::ops::ControlFlow::Continue(());
-                    engine
-                        .generate(&j.req, proposer, &mut sink)
-                        .expect("batched")
-                        .tokens
+                    tokens(engine, j)
                 })
             })
             .collect();
@@ -172,17 +175,7 @@ fn batched_device_generations_equal_their_unbatched_runs() {
             j
         })
         .collect();
-    let want: Vec<Vec<u32>> = jobs
-        .iter()
-        .map(|j| {
-            let proposer = j.oracle.as_ref().map(|o| o as _);
-            let mut sink = |_: &tandem_engine::Update| std::ops::ControlFlow::Continue(());
-            alone
-                .generate(&j.req, proposer, &mut sink)
-                .expect("alone")
-                .tokens
-        })
-        .collect();
+    let want: Vec<Vec<u32>> = jobs.iter().map(|j| tokens(&alone, j)).collect();
     let got = concurrently(&batched, &jobs);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g, w, "generation {i} differs from its unbatched run");

@@ -28,6 +28,18 @@ struct Pair {
     opts: ForwardOptions,
 }
 
+/// Each running pair's slot segment of its block in `blocks`.
+fn segments<'a>(running: &'a mut [Pair], blocks: &'a [Vec<u32>]) -> Vec<SlotSegment<'a>> {
+    (running.iter_mut().zip(blocks))
+        .map(|(p, b)| SlotSegment {
+            tokens: b,
+            pos: p.slot.len(),
+            cache: &mut p.slot,
+            opts: &p.opts,
+        })
+        .collect()
+}
+
 /// The options of the `k`th block: logits modes and taps varied across sequences.
 fn options(k: usize, layers: usize) -> ForwardOptions {
     let logits = [
@@ -128,28 +140,14 @@ fn batched_steps_match_each_sequence_alone() {
             let wrong: Vec<Vec<u32>> = (blocks.iter())
                 .map(|b| b.iter().map(|t| (t + 5) % cfg.vocab_size as u32).collect())
                 .collect();
-            let mut segs: Vec<SlotSegment<'_>> = (running.iter_mut().zip(&wrong))
-                .map(|(p, b)| SlotSegment {
-                    tokens: b,
-                    pos: p.slot.len(),
-                    cache: &mut p.slot,
-                    opts: &p.opts,
-                })
-                .collect();
+            let mut segs = segments(&mut running, &wrong);
             batch.forward(&mut segs).expect("wrong blocks");
             for (s, b) in segs.iter_mut().zip(&wrong) {
                 let len = s.cache.len() - b.len();
                 s.cache.truncate(len).expect("roll back");
             }
         }
-        let mut segs: Vec<SlotSegment<'_>> = (running.iter_mut().zip(&blocks))
-            .map(|(p, b)| SlotSegment {
-                tokens: b,
-                pos: p.slot.len(),
-                cache: &mut p.slot,
-                opts: &p.opts,
-            })
-            .collect();
+        let mut segs = segments(&mut running, &blocks);
         let got = batch.forward(&mut segs).expect("batched forward");
         drop(segs);
         for ((p, b), got) in running.iter_mut().zip(&blocks).zip(&got) {
