@@ -8,7 +8,12 @@
 //! aggregate tok/s (all tokens over the wall time), per-user tok/s (a request's tokens over
 //! its time after the first token, averaged), time to first token and inter-token latency
 //! (a chunk's gap shared by its tokens) at p50 and p99, and the verifier's mean sessions and
-//! token rows per batched step. JSON and a PNG chart on request.
+//! token rows per batched step. Where the time goes: the busy window (until the first
+//! client has finished, every client is generating; the tokens of that window over it are
+//! the batch's steady throughput, beside the aggregate that also holds the tail in which
+//! the slowest clients run in a thinning batch), the slowest tenth of requests' per-user
+//! rate, the mean step, and the drafter calls per request with their mean latency. JSON and
+//! a PNG chart on request.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -107,6 +112,23 @@ pub struct Level {
     pub rows_per_step: f64,
     /// Draft tokens accepted over draft tokens verified (0 for plain).
     pub acceptance: f64,
+    /// Seconds until the first client had finished (every client generating until then).
+    #[serde(default)]
+    pub busy_s: f64,
+    /// Tokens all clients received in the busy window, over it.
+    #[serde(default)]
+    pub busy_tok_s: f64,
+    /// The per-user tok/s of the slowest tenth of requests (10th percentile).
+    #[serde(default)]
+    pub per_user_p10_tok_s: f64,
+    /// The verifier's mean batched step (0 unbatched).
+    #[serde(default)]
+    pub step_ms: f64,
+    /// Calls to drafters per request, and their mean latency.
+    #[serde(default)]
+    pub draft_rpcs_per_request: f64,
+    #[serde(default)]
+    pub draft_rpc_ms: f64,
 }
 
 /// The whole run.
@@ -128,6 +150,8 @@ struct Trace {
     e2e_s: f64,
     /// Per-token gaps after the first chunk.
     itl_s: Vec<f64>,
+    /// Each chunk's arrival (seconds since the level started) and tokens.
+    chunks: Vec<(f64, usize)>,
 }
 
 pub fn run(a: LoadArgs) -> Result<()> {
@@ -195,7 +219,7 @@ async fn run_mode(a: &LoadArgs, mode: LoadMode) -> Result<Vec<Level>> {
     // Warm the path (connections, caches) before timing.
     let mut warm = connect(&lb).await?;
     Shared::of(a)
-        .request(&mut warm, mode, &prompts[0], 0)
+        .request(&mut warm, mode, &prompts[0], 0, Instant::now())
         .await?;
     let mut levels = Vec::new();
     for &c in &a.concurrency {
@@ -215,14 +239,15 @@ async fn run_mode(a: &LoadArgs, mode: LoadMode) -> Result<Vec<Level>> {
             clients.spawn(async move {
                 let mut traces = Vec::with_capacity(mine.len());
                 for (prompt, seed) in mine {
-                    traces.push(args.request(&mut client, a_mode, &prompt, seed).await?);
+                    let trace = args.request(&mut client, a_mode, &prompt, seed, t0);
+                    traces.push(trace.await?);
                 }
                 anyhow::Ok(traces)
             });
         }
         let mut traces = Vec::new();
         while let Some(done) = clients.join_next().await {
-            traces.extend(done.context("a client task failed")??);
+            traces.push(done.context("a client task failed")??);
         }
         let wall_s = t0.elapsed().as_secs_f64();
         let after = scrape(lb.verifier_metrics()).await?;
@@ -269,6 +294,7 @@ impl Shared {
         mode: LoadMode,
         prompt: &[u32],
         seed: u64,
+        level_start: Instant,
     ) -> Result<Trace> {
         let ids = pb::TokenIds {
             ids: prompt.to_vec(),
@@ -289,10 +315,12 @@ impl Shared {
         let t0 = Instant::now();
         let mut stream = client.generate(req).await?.into_inner();
         let (mut tokens, mut ttft, mut last, mut itl) = (0, None, 0.0, Vec::new());
+        let mut chunks = Vec::new();
         while let Some(msg) = stream.message().await? {
             let now = t0.elapsed().as_secs_f64();
             let n = msg.token_ids.len();
             if n > 0 {
+                chunks.push((level_start.elapsed().as_secs_f64(), n));
                 match ttft {
                     None => ttft = Some(now),
                     Some(_) => itl.extend(std::iter::repeat_n((now - last) / n as f64, n)),
@@ -312,6 +340,7 @@ impl Shared {
             ttft_s: ttft.unwrap_or(last),
             e2e_s: t0.elapsed().as_secs_f64(),
             itl_s: itl,
+            chunks,
         })
     }
 }
@@ -320,12 +349,12 @@ fn summarize(
     mode: LoadMode,
     concurrency: usize,
     wall_s: f64,
-    traces: &[Trace],
+    clients: &[Vec<Trace>],
     before: &std::collections::BTreeMap<String, f64>,
     after: &std::collections::BTreeMap<String, f64>,
 ) -> Level {
     let delta = |name: &str| total(after, name) - total(before, name);
-    let ratio = |num: f64, den: f64| if den > 0.0 { num / den } else { 0.0 };
+    let traces: Vec<&Trace> = clients.iter().flatten().collect();
     let tokens: usize = traces.iter().map(|t| t.tokens).sum();
     let per_user: Vec<f64> = traces
         .iter()
@@ -337,6 +366,8 @@ fn summarize(
         .flat_map(|t| t.itl_s.iter().map(|s| s * 1e3))
         .collect();
     let steps = delta("tandem_batch_sessions_per_step_count");
+    let rpcs = delta("tandem_draft_rpc_seconds_count");
+    let (busy_s, busy_tokens) = busy_window(clients);
     Level {
         mode,
         concurrency,
@@ -355,7 +386,37 @@ fn summarize(
             delta("tandem_spec_accepted_tokens_total"),
             delta("tandem_spec_draft_tokens_total"),
         ),
+        busy_s,
+        busy_tok_s: ratio(busy_tokens as f64, busy_s),
+        per_user_p10_tok_s: percentile(&per_user, 0.1),
+        step_ms: 1e3 * ratio(delta("tandem_batch_step_seconds_sum"), steps),
+        draft_rpcs_per_request: ratio(rpcs, traces.len() as f64),
+        draft_rpc_ms: 1e3 * ratio(delta("tandem_draft_rpc_seconds_sum"), rpcs),
     }
+}
+
+fn ratio(num: f64, den: f64) -> f64 {
+    if den > 0.0 {
+        num / den
+    } else {
+        0.0
+    }
+}
+
+/// The busy window of a level: seconds until the first client received its last chunk,
+/// and the tokens every client received until then.
+fn busy_window(clients: &[Vec<Trace>]) -> (f64, usize) {
+    let last_chunk = |c: &Vec<Trace>| {
+        let chunks = c.iter().flat_map(|t| t.chunks.iter());
+        chunks.map(|(at, _)| *at).fold(0.0, f64::max)
+    };
+    let busy_s = clients.iter().map(last_chunk).fold(f64::INFINITY, f64::min);
+    if !busy_s.is_finite() {
+        return (0.0, 0);
+    }
+    let chunks = clients.iter().flatten().flat_map(|t| t.chunks.iter());
+    let tokens = chunks.filter(|(at, _)| *at <= busy_s).map(|(_, n)| n).sum();
+    (busy_s, tokens)
 }
 
 /// The `q` quantile of `v` (nearest rank; 0 for none).
@@ -375,33 +436,43 @@ fn print_report(r: &LoadReport) {
         r.max_tokens, r.temperature, r.gamma, r.drafters, r.batching, r.prompts
     );
     println!(
-        "{:<9} {:>3} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6} {:>6} {:>6}",
+        "{:<9} {:>3} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6} {:>6} {:>6} {:>7} {:>5} {:>6}",
         "mode",
         "C",
         "agg tok/s",
+        "busy tok/s",
         "user t/s",
+        "user p10",
         "ttft p50",
         "ttft p99",
         "itl p50",
         "itl p99",
         "sess",
         "rows",
-        "acc"
+        "acc",
+        "step ms",
+        "rpc/r",
+        "rpc ms"
     );
     for l in &r.levels {
         println!(
-            "{:<9} {:>3} {:>10.1} {:>9.1} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>6.2} {:>6.1} {:>6.2}",
+            "{:<9} {:>3} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>6.2} {:>6.1} {:>6.2} {:>7.2} {:>5.1} {:>6.2}",
             format!("{:?}", l.mode).to_lowercase(),
             l.concurrency,
             l.aggregate_tok_s,
+            l.busy_tok_s,
             l.per_user_tok_s,
+            l.per_user_p10_tok_s,
             l.ttft_p50_ms,
             l.ttft_p99_ms,
             l.itl_p50_ms,
             l.itl_p99_ms,
             l.sessions_per_step,
             l.rows_per_step,
-            l.acceptance
+            l.acceptance,
+            l.step_ms,
+            l.draft_rpcs_per_request,
+            l.draft_rpc_ms
         );
     }
 }
@@ -409,6 +480,24 @@ fn print_report(r: &LoadReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn trace(chunks: &[(f64, usize)]) -> Trace {
+        Trace {
+            tokens: chunks.iter().map(|c| c.1).sum(),
+            ttft_s: 0.0,
+            e2e_s: 0.0,
+            itl_s: Vec::new(),
+            chunks: chunks.to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_busy_window_ends_when_the_first_client_is_done() {
+        let fast = vec![trace(&[(0.1, 1), (0.2, 4)]), trace(&[(0.3, 1), (0.5, 2)])];
+        let slow = vec![trace(&[(0.2, 1), (0.4, 1), (0.5, 1), (0.9, 5)])];
+        assert_eq!(busy_window(&[fast, slow]), (0.5, 11));
+        assert_eq!(busy_window(&[]), (0.0, 0));
+    }
 
     #[test]
     fn percentiles_take_the_nearest_rank() {
