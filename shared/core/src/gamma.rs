@@ -264,6 +264,13 @@ impl GammaPolicy {
         self.draft_cost
     }
 
+    /// Seconds of drafting per round: the draft cost in units of this generation's own
+    /// one-token forward where it has timed one (in a batch, the wait for a shared step),
+    /// of `step_s` otherwise.
+    pub fn draft_seconds(&self, step_s: f64) -> f64 {
+        self.draft_cost * self.step_s.unwrap_or(step_s)
+    }
+
     /// Cost of a round drafting `gamma` tokens, in one-token forwards.
     pub fn cost(&self, gamma: usize) -> f64 {
         let draft = if gamma > 0 { self.draft_cost } else { 0.0 };

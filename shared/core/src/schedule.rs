@@ -103,8 +103,10 @@ pub struct Unscheduled {
 }
 
 /// What a scheduled generation brings: the prefix survivals of the drafts it may make and
-/// the seconds its drafting costs a round (time the batch's compute spends on it when the
-/// drafter shares it; latency that keeps the generation out of steps otherwise).
+/// the seconds its drafting takes a round. Those seconds are charged to the whole step:
+/// exact where the drafter shares the target's compute (the same CPU cores or GPU),
+/// conservative where it does not (the generation then steps aside while it drafts, and
+/// only its own rounds lengthen) — a doubtful draft is left out rather than let in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Drafts {
     /// `S_1 ≥ S_2 ≥ …`, as many as it may draft.
@@ -113,7 +115,9 @@ pub struct Drafts {
     pub draft_s: f64,
 }
 
-/// The batch's expected tokens per second with draft lengths `gamma`.
+/// The batch's expected tokens per second with draft lengths `gamma` (the definition
+/// [`allocate`] maximises; it keeps running totals instead).
+#[cfg(test)]
 fn rate(sessions: &[Drafts], gamma: &[usize], others: Unscheduled, costs: &StepCosts) -> f64 {
     let (mut expected, mut rows, mut draft) = (others.expected, others.rows, 0.0);
     for (d, g) in sessions.iter().zip(gamma) {
@@ -126,61 +130,166 @@ fn rate(sessions: &[Drafts], gamma: &[usize], others: Unscheduled, costs: &StepC
     expected / (costs.seconds(rows) + draft)
 }
 
-/// The draft length of each generation that maximises the batch's expected tokens per
-/// second under `costs`, beside the `others` whose lengths are given: slots admitted by
-/// survival (a generation's drafting cost counted with its first slot) up to the best
-/// prefix, then each generation's length improved alone while any change pays, so that
-/// no single generation's length can do better.
-pub fn allocate(sessions: &[Drafts], others: Unscheduled, costs: &StepCosts) -> Vec<usize> {
-    let sessions: Vec<Drafts> = sessions
-        .iter()
-        .map(|d| Drafts {
-            // A falling profile in [0, 1], so that admitting by survival keeps prefixes.
-            survival: d
-                .survival
-                .iter()
-                .scan(1.0f64, |m, x| {
-                    *m = m.min(x.clamp(0.0, 1.0));
-                    Some(*m)
-                })
-                .collect(),
-            draft_s: d.draft_s,
-        })
-        .collect();
-    let mut slots: Vec<(f64, usize)> = sessions
-        .iter()
-        .enumerate()
-        .flat_map(|(i, d)| d.survival.iter().map(move |x| (*x, i)))
-        .collect();
-    // Highest survival first; ties by generation (deterministic, prefixes kept).
-    slots.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    let mut gamma = vec![0; sessions.len()];
-    let mut best = (rate(&sessions, &gamma, others, costs), gamma.clone());
-    for (_, i) in &slots {
-        gamma[*i] += 1;
-        let r = rate(&sessions, &gamma, others, costs);
-        if r > best.0 {
-            best = (r, gamma.clone());
+/// A generation as the allocation sees it: `cum[g]` its expected tokens drafting `g`
+/// (`1 + S_1 + … + S_g`, survivals made falling), its drafting seconds.
+#[derive(Debug)]
+struct Profile {
+    cum: Vec<f64>,
+    draft_s: f64,
+}
+
+impl Profile {
+    fn new(d: &Drafts) -> Self {
+        let falling = d.survival.iter().scan(1.0f64, |m, x| {
+            *m = m.min(x.clamp(0.0, 1.0));
+            Some(*m)
+        });
+        let cum = std::iter::once(1.0)
+            .chain(falling.scan(1.0, |c, s| {
+                *c += s;
+                Some(*c)
+            }))
+            .collect();
+        Self {
+            cum,
+            draft_s: d.draft_s.max(0.0),
         }
     }
-    let (mut best_rate, mut gamma) = best;
-    for _ in 0..8 {
-        let mut moved = false;
-        for i in 0..sessions.len() {
-            let mut trial = gamma.clone();
-            for g in 0..=sessions[i].survival.len() {
-                trial[i] = g;
-                let r = rate(&sessions, &trial, others, costs);
-                if r > best_rate * (1.0 + 1e-12) {
-                    (best_rate, gamma[i], moved) = (r, g, true);
-                }
+
+    fn survival(&self, k: usize) -> f64 {
+        self.cum[k] - self.cum[k - 1]
+    }
+
+    fn max(&self) -> usize {
+        self.cum.len() - 1
+    }
+}
+
+/// Running totals of a batch: expected tokens, rows and drafting seconds per step.
+#[derive(Debug, Clone, Copy)]
+struct Totals {
+    expected: f64,
+    rows: usize,
+    draft: f64,
+}
+
+impl Totals {
+    /// The totals with generation `p` drafting `to` tokens instead of `from`.
+    fn moved(self, p: &Profile, from: usize, to: usize) -> Self {
+        let drafting = |g: usize| if g > 0 { p.draft_s } else { 0.0 };
+        Self {
+            expected: self.expected + p.cum[to] - p.cum[from],
+            rows: self.rows + to - from,
+            draft: self.draft + drafting(to) - drafting(from),
+        }
+    }
+
+    fn rate(&self, costs: &StepCosts) -> f64 {
+        self.expected / (costs.seconds(self.rows) + self.draft)
+    }
+}
+
+/// The draft length of each generation that maximises the batch's expected tokens per
+/// second under `costs`, beside the `others` whose lengths are given ([`BatchPlan::new`]).
+pub fn allocate(sessions: &[Drafts], others: Unscheduled, costs: &StepCosts) -> Vec<usize> {
+    BatchPlan::new(sessions, others, costs).gamma
+}
+
+/// A batch's draft lengths and running totals, kept between the calls of its generations:
+/// built once ([`BatchPlan::new`]), then each generation that posts a new profile gets its
+/// best length beside the others' as they stand ([`BatchPlan::respond`], O(its slots)),
+/// so that a batch of many generations, each asking every round, allocates once a step
+/// rather than once a generation.
+#[derive(Debug)]
+pub struct BatchPlan {
+    profiles: Vec<Profile>,
+    gamma: Vec<usize>,
+    totals: Totals,
+}
+
+impl BatchPlan {
+    /// The allocation: slots admitted by survival (a generation's drafting cost counted
+    /// with its first slot) up to the best prefix, then each generation's length improved
+    /// alone while any change pays, so that no single generation's length can do better.
+    /// O(slots · log slots) with running totals.
+    pub fn new(sessions: &[Drafts], others: Unscheduled, costs: &StepCosts) -> Self {
+        let profiles: Vec<Profile> = sessions.iter().map(Profile::new).collect();
+        let mut slots: Vec<(f64, usize)> = profiles
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| (1..=p.max()).map(move |k| (p.survival(k), i)))
+            .collect();
+        // Highest survival first; ties by generation (deterministic, prefixes kept).
+        slots.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut plan = Self {
+            gamma: vec![0; profiles.len()],
+            totals: Totals {
+                expected: others.expected + profiles.len() as f64,
+                rows: others.rows + profiles.len(),
+                draft: 0.0,
+            },
+            profiles,
+        };
+        let mut best = (plan.totals.rate(costs), 0);
+        for (n, (_, i)) in slots.iter().enumerate() {
+            plan.set(*i, plan.gamma[*i] + 1);
+            let r = plan.totals.rate(costs);
+            if r > best.0 {
+                best = (r, n + 1);
             }
         }
-        if !moved {
-            break;
+        // Back to the best prefix of admissions.
+        for (_, i) in &slots[best.1..] {
+            plan.set(*i, plan.gamma[*i] - 1);
         }
+        for _ in 0..8 {
+            let before = plan.gamma.clone();
+            (0..plan.gamma.len()).for_each(|i| plan.improve(i, costs));
+            if plan.gamma == before {
+                break;
+            }
+        }
+        plan
     }
-    gamma
+
+    /// Each generation's draft length, in the order they were given.
+    pub fn gammas(&self) -> &[usize] {
+        &self.gamma
+    }
+
+    /// Takes generation `i`'s new profile and returns its best length beside the others'.
+    pub fn respond(&mut self, i: usize, drafts: &Drafts, costs: &StepCosts) -> usize {
+        self.set(i, 0);
+        self.profiles[i] = Profile::new(drafts);
+        self.improve(i, costs);
+        self.gamma[i]
+    }
+
+    /// Takes a change of the rows and tokens the unscheduled generations bring.
+    pub fn others_changed(&mut self, before: Unscheduled, after: Unscheduled) {
+        self.totals.expected += after.expected - before.expected;
+        self.totals.rows = (self.totals.rows + after.rows).saturating_sub(before.rows);
+    }
+
+    /// Generation `i`'s length set to `g`, the totals with it.
+    fn set(&mut self, i: usize, g: usize) {
+        self.totals = self.totals.moved(&self.profiles[i], self.gamma[i], g);
+        self.gamma[i] = g;
+    }
+
+    /// Generation `i`'s length moved to the best for the batch, where a change pays.
+    fn improve(&mut self, i: usize, costs: &StepCosts) {
+        let p = &self.profiles[i];
+        let rated = |g: usize| self.totals.moved(p, self.gamma[i], g).rate(costs);
+        let mut best = (rated(self.gamma[i]), self.gamma[i]);
+        for g in 0..=p.max() {
+            let r = rated(g);
+            if r > best.0 * (1.0 + 1e-12) {
+                best = (r, g);
+            }
+        }
+        self.set(i, best.1);
+    }
 }
 
 #[cfg(test)]
@@ -276,6 +385,23 @@ mod tests {
     }
 
     #[test]
+    fn a_plan_answers_with_the_others_as_they_stand() {
+        // As above: a 0.5 draft pays alone, not beside eight plain generations.
+        let c = costs(&[(1, 1.0), (2, 1.2), (9, 8.0), (10, 8.5)]);
+        let half = free(vec![vec![0.5]]);
+        let mut plan = BatchPlan::new(&half, Unscheduled::default(), &c);
+        assert_eq!(plan.gammas(), &[1]);
+        let eight = Unscheduled {
+            rows: 8,
+            expected: 8.0,
+        };
+        plan.others_changed(Unscheduled::default(), eight);
+        assert_eq!(plan.respond(0, &half[0], &c), 0);
+        plan.others_changed(eight, Unscheduled::default());
+        assert_eq!(plan.respond(0, &half[0], &c), 1);
+    }
+
+    #[test]
     fn drafting_time_is_paid_once_per_round() {
         // A 0.6 draft pays for its row (1.6 tokens for 1.1 against 1 for 1) but not for a
         // draft taking half a step; three sure ones do.
@@ -314,6 +440,20 @@ mod tests {
                     h[i] = other;
                     prop_assert!(rate(&s, &h, others, &c) <= best * (1.0 + 1e-9), "{g:?} vs {h:?}");
                 }
+            }
+            let mut plan = BatchPlan::new(&s, others, &c);
+            prop_assert_eq!(plan.gammas(), g.as_slice());
+            // A generation's new profile gets its best length beside the others' as they stand.
+            let fresh = Drafts { survival: survivals(&[0.9, 0.7, 0.5]), draft_s: 0.1 };
+            let answer = plan.respond(0, &fresh, &c);
+            let mut t = s.clone();
+            t[0] = fresh.clone();
+            let mut h = g.clone();
+            h[0] = answer;
+            let answered = rate(&t, &h, others, &c);
+            for other in 0..=3 {
+                h[0] = other;
+                prop_assert!(rate(&t, &h, others, &c) <= answered * (1.0 + 1e-9));
             }
             let zero = vec![0; s.len()];
             let full: Vec<usize> = s.iter().map(|d| d.survival.len()).collect();

@@ -258,8 +258,11 @@ impl<'e> Generation<'e> {
             }
             return self.gamma;
         };
-        let (survival, draft) = (policy.survival(), policy.draft_cost());
-        match self.seat.as_ref().and_then(|s| s.schedule(survival, draft)) {
+        let scheduled = self.seat.as_ref().and_then(|seat| {
+            let draft_s = policy.draft_seconds(seat.one_row_s());
+            seat.schedule(policy.survival(), draft_s)
+        });
+        match scheduled {
             Some((0, sessions)) if policy.probe_due(sessions) => 1,
             Some((gamma, _)) => gamma,
             None => policy.choose(),
@@ -276,7 +279,11 @@ impl<'e> Generation<'e> {
     ) -> std::result::Result<DraftBlock, tandem_core::ProposeError> {
         let gamma = self.choose_gamma().min(room);
         match (&mut self.drafting, gamma) {
-            (Some(d), 1..) => d.propose(anchor, n, gamma, self.vocab),
+            (Some(d), 1..) => {
+                // Steps shared with other generations go on without this one meanwhile.
+                self.cache.step_aside();
+                d.propose(anchor, n, gamma, self.vocab)
+            }
             _ => Ok(DraftBlock::default()),
         }
     }
@@ -297,6 +304,9 @@ impl<'e> Generation<'e> {
         self.send_rows(&out, 0, &req.prompt)?;
         // The prompt's rows go now, outside every round's timing: in the first round's
         // drafting time they would make a long prompt look like an expensive drafter.
+        if self.drafting.is_some() {
+            self.cache.step_aside();
+        }
         if let Some(Err(e)) = self.drafting.as_mut().map(Drafting::flush) {
             self.drop_drafting(&e);
         }

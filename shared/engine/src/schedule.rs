@@ -5,11 +5,17 @@
 //! step costs; plain and fixed-γ ones declare the rows and tokens they bring. A generation
 //! alone keeps its own policy (which also weighs its drafting time). The step costs come
 //! from the target's start-up profile and are refreshed by every step it runs.
+//!
+//! Every generation asks every round, all of them between two steps, under one lock: the
+//! allocation is made once per step (by the first to ask after it, or after seats came
+//! or went) and each later question is answered beside the others' lengths as they stand
+//! ([`BatchPlan::respond`]). A full allocation per question was O(batch · slots) each, and
+//! at 32 generations on a GPU the queue for the lock outlasted the step's wait for them.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use tandem_core::{allocate, Drafts, StepCosts, Unscheduled};
+use tandem_core::{BatchPlan, Drafts, StepCosts, Unscheduled};
 
 use crate::models::{StepObserver, StepReport};
 
@@ -26,6 +32,29 @@ struct State {
     costs: StepCosts,
     seats: BTreeMap<u64, Claim>,
     next: u64,
+    /// The allocation since the last step or change of seats, with the ids of the
+    /// scheduled seats in its order.
+    plan: Option<(Vec<u64>, BatchPlan)>,
+}
+
+impl State {
+    /// The plan of the seats as they claim now.
+    fn plan(&self) -> (Vec<u64>, BatchPlan) {
+        let (mut ids, mut profiles, mut others) = (Vec::new(), Vec::new(), Unscheduled::default());
+        for (id, claim) in &self.seats {
+            match claim {
+                Claim::Scheduled(p) => {
+                    ids.push(*id);
+                    profiles.push(p.clone());
+                }
+                Claim::Fixed { rows, expected } => {
+                    others.rows += rows;
+                    others.expected += expected;
+                }
+            }
+        }
+        (ids, BatchPlan::new(&profiles, others, &self.costs))
+    }
 }
 
 /// The scheduler of one engine's batch.
@@ -41,6 +70,7 @@ impl DraftScheduler {
                 costs,
                 seats: BTreeMap::new(),
                 next: 0,
+                plan: None,
             }),
         }
     }
@@ -50,6 +80,7 @@ impl DraftScheduler {
         let mut s = self.lock();
         let id = s.next;
         s.next += 1;
+        s.plan = None;
         s.seats.insert(
             id,
             Claim::Fixed {
@@ -76,7 +107,9 @@ impl DraftScheduler {
 
 impl StepObserver for DraftScheduler {
     fn step(&self, r: &StepReport) {
-        self.lock().costs.observe(r.rows, r.seconds);
+        let mut s = self.lock();
+        s.costs.observe(r.rows, r.seconds);
+        s.plan = None;
     }
 }
 
@@ -89,48 +122,62 @@ pub struct Seat<'s> {
 impl Seat<'_> {
     /// Declares a fixed draft length (0: plain) and the tokens a round is expected to emit.
     pub fn fixed(&self, gamma: usize, expected: f64) {
-        let claim = Claim::Fixed {
-            rows: 1 + gamma,
-            expected: expected.max(1.0),
-        };
-        self.scheduler.lock().seats.insert(self.id, claim);
+        let (rows, expected) = (1 + gamma, expected.max(1.0));
+        let mut s = self.scheduler.lock();
+        let before = s.seats.insert(self.id, Claim::Fixed { rows, expected });
+        match (before, &mut s.plan) {
+            (
+                Some(Claim::Fixed {
+                    rows: r,
+                    expected: e,
+                }),
+                Some((_, plan)),
+            ) => {
+                let was = Unscheduled {
+                    rows: r,
+                    expected: e,
+                };
+                plan.others_changed(was, Unscheduled { rows, expected });
+            }
+            (_, plan) => *plan = None,
+        }
+    }
+
+    /// Seconds of a one-row step as the costs stand.
+    pub fn one_row_s(&self) -> f64 {
+        self.scheduler.lock().costs.seconds(1)
     }
 
     /// Posts this generation's prefix survivals (as many as it may draft) and its drafting
-    /// cost per round in one-token forwards, and returns its draft length for the batch as
-    /// it stands with the number of generations in it; `None` when it is alone.
-    pub fn schedule(&self, survival: Vec<f64>, draft_steps: f64) -> Option<(usize, usize)> {
+    /// seconds per round, and returns its draft length for the batch as it stands with the
+    /// number of generations in it; `None` when it is alone.
+    pub fn schedule(&self, survival: Vec<f64>, draft_s: f64) -> Option<(usize, usize)> {
         let mut s = self.scheduler.lock();
-        let draft_s = draft_steps * s.costs.seconds(1);
-        let claim = Claim::Scheduled(Drafts { survival, draft_s });
-        s.seats.insert(self.id, claim);
-        if s.seats.len() < 2 {
+        let drafts = Drafts { survival, draft_s };
+        s.seats.insert(self.id, Claim::Scheduled(drafts.clone()));
+        let sessions = s.seats.len();
+        if sessions < 2 {
             return None;
         }
-        let (mut ids, mut profiles, mut others) = (Vec::new(), Vec::new(), Unscheduled::default());
-        for (id, claim) in &s.seats {
-            match claim {
-                Claim::Scheduled(p) => {
-                    ids.push(*id);
-                    profiles.push(p.clone());
-                }
-                Claim::Fixed { rows, expected } => {
-                    others.rows += rows;
-                    others.expected += expected;
-                }
-            }
+        let planned = |p: &Option<(Vec<u64>, BatchPlan)>| {
+            p.as_ref()
+                .and_then(|(ids, _)| ids.iter().position(|id| *id == self.id))
+        };
+        if planned(&s.plan).is_none() {
+            s.plan = Some(s.plan());
         }
-        let gammas = allocate(&profiles, others, &s.costs);
-        let sessions = s.seats.len();
-        ids.iter()
-            .position(|id| *id == self.id)
-            .map(|i| (gammas[i], sessions))
+        let i = planned(&s.plan)?;
+        let State { plan, costs, .. } = &mut *s;
+        let (_, plan) = plan.as_mut()?;
+        Some((plan.respond(i, &drafts, costs), sessions))
     }
 }
 
 impl Drop for Seat<'_> {
     fn drop(&mut self) {
-        self.scheduler.lock().seats.remove(&self.id);
+        let mut s = self.scheduler.lock();
+        s.seats.remove(&self.id);
+        s.plan = None;
     }
 }
 

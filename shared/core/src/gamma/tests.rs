@@ -304,3 +304,23 @@ proptest! {
         prop_assert!(p.expected_tokens(max) <= 1.0 + max as f64);
     }
 }
+
+/// Drafting seconds come from the generation's own plain rounds once it has timed one (in
+/// a batch, the wait for a shared step), from the caller's step time before.
+#[test]
+fn draft_seconds_are_in_the_generations_own_step_time() {
+    let mut p = policy(8);
+    assert!(
+        (p.draft_seconds(0.002) - 0.2 * 0.002).abs() < 1e-12,
+        "the prior"
+    );
+    p.record(0, 0, 0.0, 0.004);
+    for _ in 0..200 {
+        p.record(4, 4, 0.008, 0.005);
+    }
+    assert!(
+        (p.draft_seconds(0.001) - 0.008).abs() < 1e-4,
+        "{}",
+        p.draft_seconds(0.001)
+    );
+}

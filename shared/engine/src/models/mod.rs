@@ -145,4 +145,7 @@ pub trait TargetSequence: Send {
     fn max_len(&self) -> usize;
     /// Rolls back to the first `len` positions.
     fn truncate(&mut self, len: usize) -> Result<()>;
+    /// Says that no forward will come for a while (the generation waits on its proposer):
+    /// a batched target's steps stop waiting for this sequence until its next forward.
+    fn step_aside(&mut self) {}
 }

@@ -258,7 +258,6 @@ impl<R: StepRunner> Stepper<R> {
             rows: ready.iter().map(|j| j.tokens.len()).sum(),
             seconds: t0.elapsed().as_secs_f64(),
         };
-        self.observers.report(&report);
         let outs: Vec<tandem_gemma::Result<ForwardOutput>> = match outs {
             Ok(outs) => outs.into_iter().map(Ok).collect(),
             Err(e) => (0..ready.len())
@@ -271,6 +270,9 @@ impl<R: StepRunner> Stepper<R> {
         for (job, out) in ready.into_iter().zip(outs) {
             let _ = job.reply.send((job.cache, out));
         }
+        // After the answers: an observer (the draft scheduler) may wait on a lock that
+        // the generations take between steps.
+        self.observers.report(&report);
         Some(report.seconds)
     }
 }
