@@ -142,6 +142,9 @@ pub struct GammaPolicy {
     step_s: Option<f64>,
     /// Decayed mean seconds each drafted token adds to a verify.
     extra_s: Option<f64>,
+    /// Decayed mean seconds of the generation's own work per verified row (its
+    /// distribution made and drawn from), once a round was timed.
+    row_s: Option<f64>,
     /// Plain rounds since the last drafted round.
     plain_rounds: usize,
     /// Whether a plain round was recorded (timed or not).
@@ -167,6 +170,7 @@ impl GammaPolicy {
             draft_cost: cfg.draft_cost,
             step_s: None,
             extra_s: None,
+            row_s: None,
             plain_rounds: 0,
             timed_plain: false,
             cfg,
@@ -269,6 +273,21 @@ impl GammaPolicy {
     /// of `step_s` otherwise.
     pub fn draft_seconds(&self, step_s: f64) -> f64 {
         self.draft_cost * self.step_s.unwrap_or(step_s)
+    }
+
+    /// Takes in the seconds a round's verification of `rows` rows took on the generation's
+    /// own thread (after the forward).
+    pub fn verify_work(&mut self, seconds: f64, rows: usize) {
+        if rows > 0 && seconds.is_finite() && seconds >= 0.0 {
+            let x = seconds / rows as f64;
+            let d = self.cfg.decay;
+            self.row_s = Some(self.row_s.map_or(x, |o| d * o + (1.0 - d) * x));
+        }
+    }
+
+    /// Seconds of the generation's own work per verified row (0 before any was timed).
+    pub fn row_seconds(&self) -> f64 {
+        self.row_s.unwrap_or(0.0)
     }
 
     /// Cost of a round drafting `gamma` tokens, in one-token forwards.

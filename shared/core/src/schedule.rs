@@ -113,6 +113,11 @@ pub struct Drafts {
     pub survival: Vec<f64>,
     /// Seconds of drafting per round that drafts anything.
     pub draft_s: f64,
+    /// Seconds of the generation's own work that each drafted row adds to its round (a
+    /// sampled row's distribution made and drawn from on the host), charged to the step
+    /// like drafting: on a CPU target it takes the cores the step runs on, on a device it
+    /// queues beside the step's work.
+    pub row_s: f64,
 }
 
 /// The batch's expected tokens per second with draft lengths `gamma` (the definition
@@ -126,6 +131,7 @@ fn rate(sessions: &[Drafts], gamma: &[usize], others: Unscheduled, costs: &StepC
         if *g > 0 {
             draft += d.draft_s.max(0.0);
         }
+        draft += d.row_s.max(0.0) * *g as f64;
     }
     expected / (costs.seconds(rows) + draft)
 }
@@ -136,6 +142,7 @@ fn rate(sessions: &[Drafts], gamma: &[usize], others: Unscheduled, costs: &StepC
 struct Profile {
     cum: Vec<f64>,
     draft_s: f64,
+    row_s: f64,
 }
 
 impl Profile {
@@ -153,6 +160,7 @@ impl Profile {
         Self {
             cum,
             draft_s: d.draft_s.max(0.0),
+            row_s: d.row_s.max(0.0),
         }
     }
 
@@ -176,7 +184,7 @@ struct Totals {
 impl Totals {
     /// The totals with generation `p` drafting `to` tokens instead of `from`.
     fn moved(self, p: &Profile, from: usize, to: usize) -> Self {
-        let drafting = |g: usize| if g > 0 { p.draft_s } else { 0.0 };
+        let drafting = |g: usize| p.row_s * g as f64 + if g > 0 { p.draft_s } else { 0.0 };
         Self {
             expected: self.expected + p.cum[to] - p.cum[from],
             rows: self.rows + to - from,
@@ -309,6 +317,7 @@ mod tests {
             .map(|survival| Drafts {
                 survival,
                 draft_s: 0.0,
+                row_s: 0.0,
             })
             .collect()
     }
@@ -409,11 +418,31 @@ mod tests {
         let slow = |survival: Vec<f64>| Drafts {
             survival,
             draft_s: 0.5,
+            row_s: 0.0,
         };
         let none = Unscheduled::default();
         assert_eq!(allocate(&free(vec![vec![0.6]]), none, &c), vec![1]);
         assert_eq!(allocate(&[slow(vec![0.6])], none, &c), vec![0]);
         assert_eq!(allocate(&[slow(vec![1.0, 1.0, 1.0])], none, &c), vec![3]);
+    }
+
+    #[test]
+    fn each_drafted_row_pays_for_its_own_work() {
+        // Eight plain generations and one whose drafts survive 0.5: a row costs the step
+        // 0.25 (8 → 8.25), which 0.5 of a token pays for (9.5 / 8.25 > 9 / 8)...
+        let c = costs(&[(1, 1.0), (9, 8.0), (16, 9.75)]);
+        let eight = Unscheduled {
+            rows: 8,
+            expected: 8.0,
+        };
+        let half = |row_s: f64| Drafts {
+            survival: vec![0.5, 0.25],
+            draft_s: 0.0,
+            row_s,
+        };
+        assert_eq!(allocate(&[half(0.0)], eight, &c), vec![1]);
+        // ...but not when sampling the row takes another 0.25 of the generation's work.
+        assert_eq!(allocate(&[half(0.25)], eight, &c), vec![0]);
     }
 
     proptest! {
@@ -428,7 +457,7 @@ mod tests {
             let c = costs(&[(1, 1.0), (2, 1.0 + per_row), (64, 1.0 + 63.0 * per_row)]);
             let s: Vec<Drafts> = acc
                 .iter()
-                .map(|(a, d)| Drafts { survival: survivals(a), draft_s: *d })
+                .map(|(a, d)| Drafts { survival: survivals(a), draft_s: *d, row_s: *d / 4.0 })
                 .collect();
             let others = Unscheduled { rows: plain, expected: plain as f64 };
             let g = allocate(&s, others, &c);
@@ -444,7 +473,7 @@ mod tests {
             let mut plan = BatchPlan::new(&s, others, &c);
             prop_assert_eq!(plan.gammas(), g.as_slice());
             // A generation's new profile gets its best length beside the others' as they stand.
-            let fresh = Drafts { survival: survivals(&[0.9, 0.7, 0.5]), draft_s: 0.1 };
+            let fresh = Drafts { survival: survivals(&[0.9, 0.7, 0.5]), draft_s: 0.1, row_s: 0.02 };
             let answer = plan.respond(0, &fresh, &c);
             let mut t = s.clone();
             t[0] = fresh.clone();

@@ -26,7 +26,7 @@
 use tandem_core::cut::cut_length;
 use tandem_core::lookup::proposal;
 use tandem_core::{
-    DraftBlock, GammaPolicy, GammaPolicyConfig, ProposeError, ProposeRequest, Proposer,
+    DraftBlock, Drafts, GammaPolicy, GammaPolicyConfig, ProposeError, ProposeRequest, Proposer,
     ProposerSession, SamplingParams, SnapshotRows, SnapshotSpec,
 };
 
@@ -167,7 +167,12 @@ impl Drafting {
         let scheduled = a.seat.and_then(|seat| {
             let mut survival = self.lookup_rates.survival();
             survival.truncate(found);
-            seat.schedule(survival, 0.0)
+            let (draft_s, row_s) = (0.0, a.row_s);
+            seat.schedule(Drafts {
+                survival,
+                draft_s,
+                row_s,
+            })
         });
         let (length, sessions) = match scheduled {
             Some(given) => given,
@@ -239,6 +244,8 @@ impl Drafting {
 pub(crate) struct Adaptive<'a, 's> {
     pub(crate) seat: Option<&'a Seat<'s>>,
     pub(crate) verify_slope: f64,
+    /// The generation's own work per verified row, in seconds.
+    pub(crate) row_s: f64,
 }
 
 /// The counts a generation keeps of its looked-up tokens.
@@ -373,6 +380,7 @@ mod tests {
         Adaptive {
             seat: Some(seat),
             verify_slope: 0.3,
+            row_s: 0.0,
         }
     }
 
@@ -475,6 +483,7 @@ mod tests {
         let alone = Adaptive {
             seat: None,
             verify_slope: 0.3,
+            row_s: 0.0,
         };
         let run = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2];
         let mut d = Drafting {

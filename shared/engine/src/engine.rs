@@ -13,9 +13,9 @@ use std::time::Instant;
 use candle_core::Tensor;
 use tandem_core::{
     accept_greedy, argmax, cut::cut_length, distribution, distribution_of, min_p_mask,
-    token_logprob, Chunk, DraftBlock, ExpectedKept, FinishReason, GammaPolicy, GammaPolicyConfig,
-    History, LogitControls, Observed, Output, Proposer, Sampler, SamplingParams, SnapshotSpec,
-    TokenLogprob, Verdict,
+    token_logprob, Chunk, DraftBlock, Drafts, ExpectedKept, FinishReason, GammaPolicy,
+    GammaPolicyConfig, History, LogitControls, Observed, Output, Proposer, Sampler, SamplingParams,
+    SnapshotSpec, TokenLogprob, Verdict,
 };
 use tandem_gemma::{argmax_rows, LogitsMode, TopRow};
 use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
@@ -260,7 +260,13 @@ impl<'e> Generation<'e> {
         };
         let scheduled = self.seat.as_ref().and_then(|seat| {
             let draft_s = policy.draft_seconds(seat.one_row_s());
-            seat.schedule(policy.survival(), draft_s)
+            let row_s = policy.row_seconds();
+            let survival = policy.survival();
+            seat.schedule(Drafts {
+                survival,
+                draft_s,
+                row_s,
+            })
         });
         match scheduled {
             Some((0, sessions)) if policy.probe_due(sessions) => 1,
@@ -303,12 +309,14 @@ impl<'e> Generation<'e> {
         let req = self.req;
         self.send_rows(&out, 0, &req.prompt)?;
         // The prompt's rows go now, outside every round's timing: in the first round's
-        // drafting time they would make a long prompt look like an expensive drafter.
-        if self.drafting.is_some() {
-            self.cache.step_aside();
-        }
-        if let Some(Err(e)) = self.drafting.as_mut().map(Drafting::flush) {
-            self.drop_drafting(&e);
+        // drafting time they would make a long prompt look like an expensive drafter. In
+        // a shared batch they wait for the first draft the scheduler allows: under load
+        // it may allow none, and a drafter on the target's cores would take its share
+        // of them to read a context never drafted from.
+        if self.seat.is_none() {
+            if let Some(Err(e)) = self.drafting.as_mut().map(Drafting::flush) {
+                self.drop_drafting(&e);
+            }
         }
         let (verdict, _) = self.verify(&out, &DraftBlock::default())?;
         Ok(verdict.next)
@@ -324,6 +332,7 @@ impl<'e> Generation<'e> {
         let adaptive = self.policy.as_ref().map(|p| Adaptive {
             seat: self.seat.as_ref(),
             verify_slope: p.verify_slope(),
+            row_s: p.row_seconds(),
         });
         let looked_up = (self.drafting.as_mut()).and_then(|d| d.look_up(anchor, cap, adaptive));
         let engine_lookup = looked_up.is_some();
@@ -353,7 +362,11 @@ impl<'e> Generation<'e> {
             (false, false, None) => LogitsMode::All,
         };
         let out = self.forward(&block, n, mode)?;
+        let t_verdict = Instant::now();
         let (verdict, expected) = self.verify(&out, &draft)?;
+        if let Some(p) = self.policy.as_mut() {
+            p.verify_work(t_verdict.elapsed().as_secs_f64(), block.len());
+        }
         self.cache.truncate(n + verdict.accepted + 1)?;
         let verify_s = t1.elapsed().as_secs_f64();
         if let Some(d) = self.drafting.as_mut().filter(|_| engine_lookup) {

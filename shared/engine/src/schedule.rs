@@ -148,12 +148,12 @@ impl Seat<'_> {
         self.scheduler.lock().costs.seconds(1)
     }
 
-    /// Posts this generation's prefix survivals (as many as it may draft) and its drafting
-    /// seconds per round, and returns its draft length for the batch as it stands with the
-    /// number of generations in it; `None` when it is alone.
-    pub fn schedule(&self, survival: Vec<f64>, draft_s: f64) -> Option<(usize, usize)> {
+    /// Posts this generation's drafts (prefix survivals, as many as it may draft, and the
+    /// seconds its drafting and each drafted row's own work take), and returns its draft
+    /// length for the batch as it stands with the number of generations in it; `None` when
+    /// it is alone.
+    pub fn schedule(&self, drafts: Drafts) -> Option<(usize, usize)> {
         let mut s = self.scheduler.lock();
-        let drafts = Drafts { survival, draft_s };
         s.seats.insert(self.id, Claim::Scheduled(drafts.clone()));
         let sessions = s.seats.len();
         if sessions < 2 {
@@ -185,6 +185,14 @@ impl Drop for Seat<'_> {
 mod tests {
     use super::*;
 
+    fn free(survival: Vec<f64>) -> Drafts {
+        Drafts {
+            survival,
+            draft_s: 0.0,
+            row_s: 0.0,
+        }
+    }
+
     fn scheduler() -> DraftScheduler {
         // A step costs 10 ms plus 5 ms a row.
         let points: Vec<(usize, f64)> = [1, 8, 64]
@@ -198,7 +206,7 @@ mod tests {
     fn a_lone_generation_keeps_its_own_policy() {
         let s = scheduler();
         let seat = s.seat();
-        assert_eq!(seat.schedule(vec![0.9, 0.8], 0.0), None);
+        assert_eq!(seat.schedule(free(vec![0.9, 0.8])), None);
     }
 
     #[test]
@@ -206,15 +214,15 @@ mod tests {
         let s = scheduler();
         let (a, b) = (s.seat(), s.seat());
         // Sure drafts pay beside a plain generation; hopeless ones do not.
-        assert_eq!(a.schedule(vec![0.99, 0.98, 0.97], 0.0), Some((3, 2)));
-        assert_eq!(b.schedule(vec![0.01, 0.0001], 0.0), Some((0, 2)));
+        assert_eq!(a.schedule(free(vec![0.99, 0.98, 0.97])), Some((3, 2)));
+        assert_eq!(b.schedule(free(vec![0.01, 0.0001])), Some((0, 2)));
         let crowd: Vec<Seat<'_>> = (0..30).map(|_| s.seat()).collect();
         crowd.iter().for_each(|c| c.fixed(0, 1.0));
         // Beside thirty plain generations a row costs more than a 0.5 draft brings.
-        assert_eq!(a.schedule(vec![0.5, 0.25], 0.0), Some((0, 32)));
+        assert_eq!(a.schedule(free(vec![0.5, 0.25])), Some((0, 32)));
         drop(crowd);
         drop(b);
-        assert_eq!(a.schedule(vec![0.5, 0.25], 0.0), None);
+        assert_eq!(a.schedule(free(vec![0.5, 0.25])), None);
     }
 
     #[test]

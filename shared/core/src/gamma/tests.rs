@@ -324,3 +324,19 @@ fn draft_seconds_are_in_the_generations_own_step_time() {
         p.draft_seconds(0.001)
     );
 }
+
+/// The work per verified row is a decayed mean of the rounds' own timings per row.
+#[test]
+fn verify_work_is_timed_per_row() {
+    let mut p = policy(8);
+    assert_eq!(p.row_seconds(), 0.0);
+    p.verify_work(0.004, 4);
+    assert!((p.row_seconds() - 0.001).abs() < 1e-12);
+    p.verify_work(f64::NAN, 2);
+    p.verify_work(0.1, 0);
+    assert!((p.row_seconds() - 0.001).abs() < 1e-12, "nothing timed");
+    for _ in 0..300 {
+        p.verify_work(0.006, 3);
+    }
+    assert!((p.row_seconds() - 0.002).abs() < 1e-6);
+}
