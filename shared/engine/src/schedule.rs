@@ -38,8 +38,8 @@ struct State {
 }
 
 impl State {
-    /// The plan of the seats as they claim now.
-    fn plan(&self) -> (Vec<u64>, BatchPlan) {
+    /// The allocation of the seats as they claim now.
+    fn allocate(&self) -> (Vec<u64>, BatchPlan) {
         let (mut ids, mut profiles, mut others) = (Vec::new(), Vec::new(), Unscheduled::default());
         for (id, claim) in &self.seats {
             match claim {
@@ -124,22 +124,13 @@ impl Seat<'_> {
     pub fn fixed(&self, gamma: usize, expected: f64) {
         let (rows, expected) = (1 + gamma, expected.max(1.0));
         let mut s = self.scheduler.lock();
+        let now = Unscheduled { rows, expected };
         let before = s.seats.insert(self.id, Claim::Fixed { rows, expected });
-        match (before, &mut s.plan) {
-            (
-                Some(Claim::Fixed {
-                    rows: r,
-                    expected: e,
-                }),
-                Some((_, plan)),
-            ) => {
-                let was = Unscheduled {
-                    rows: r,
-                    expected: e,
-                };
-                plan.others_changed(was, Unscheduled { rows, expected });
+        match (before, s.plan.as_mut()) {
+            (Some(Claim::Fixed { rows, expected }), Some((_, plan))) => {
+                plan.others_changed(Unscheduled { rows, expected }, now);
             }
-            (_, plan) => *plan = None,
+            _ => s.plan = None,
         }
     }
 
@@ -164,7 +155,7 @@ impl Seat<'_> {
                 .and_then(|(ids, _)| ids.iter().position(|id| *id == self.id))
         };
         if planned(&s.plan).is_none() {
-            s.plan = Some(s.plan());
+            s.plan = Some(s.allocate());
         }
         let i = planned(&s.plan)?;
         let State { plan, costs, .. } = &mut *s;
