@@ -3,7 +3,8 @@
 //! positions, and checking every drafted block before the round trusts it.
 //!
 //! Committed rows are held back until the proposer next drafts and then sent in one
-//! `extend` (the prompt's go at once, after the prefill): rounds that do not draft (an
+//! `extend` (the prompt's go at once after the prefill, except in a shared batch, where
+//! they wait for the first draft the scheduler allows): rounds that do not draft (an
 //! adaptive γ of 0) cost the proposer nothing, and several rounds' rows cost one call.
 //!
 //! Before asking the proposer, a round looks the anchor up in the committed context, prompt
