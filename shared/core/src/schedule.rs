@@ -137,7 +137,8 @@ fn rate(sessions: &[Drafts], gamma: &[usize], others: Unscheduled, costs: &StepC
 }
 
 /// A generation as the allocation sees it: `cum[g]` its expected tokens drafting `g`
-/// (`1 + S_1 + … + S_g`, survivals made falling), its drafting seconds.
+/// (`1 + S_1 + … + S_g`, survivals made falling), its drafting seconds per round and its
+/// own seconds per drafted row.
 #[derive(Debug)]
 struct Profile {
     cum: Vec<f64>,
