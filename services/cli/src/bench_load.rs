@@ -129,6 +129,15 @@ pub struct Level {
     pub draft_rpcs_per_request: f64,
     #[serde(default)]
     pub draft_rpc_ms: f64,
+    /// The verifier's mean wait per step for generations after its first forward, and the
+    /// running generations a step started without.
+    #[serde(default)]
+    pub gather_ms: f64,
+    #[serde(default)]
+    pub missed_per_step: f64,
+    /// Wall time over batched steps: a step and the time between steps (host work).
+    #[serde(default)]
+    pub cycle_ms: f64,
 }
 
 /// The whole run.
@@ -392,6 +401,9 @@ fn summarize(
         step_ms: 1e3 * ratio(delta("tandem_batch_step_seconds_sum"), steps),
         draft_rpcs_per_request: ratio(rpcs, traces.len() as f64),
         draft_rpc_ms: 1e3 * ratio(delta("tandem_draft_rpc_seconds_sum"), rpcs),
+        gather_ms: 1e3 * ratio(delta("tandem_batch_gather_seconds_sum"), steps),
+        missed_per_step: ratio(delta("tandem_batch_missed_sessions_total"), steps),
+        cycle_ms: 1e3 * ratio(wall_s, steps),
     }
 }
 
@@ -436,7 +448,7 @@ fn print_report(r: &LoadReport) {
         r.max_tokens, r.temperature, r.gamma, r.drafters, r.batching, r.prompts
     );
     println!(
-        "{:<9} {:>3} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6} {:>6} {:>6} {:>7} {:>5} {:>6}",
+        "{:<9} {:>3} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6} {:>6} {:>6} {:>7} {:>5} {:>6} {:>7} {:>5} {:>6}",
         "mode",
         "C",
         "agg tok/s",
@@ -452,11 +464,14 @@ fn print_report(r: &LoadReport) {
         "acc",
         "step ms",
         "rpc/r",
-        "rpc ms"
+        "rpc ms",
+        "gath ms",
+        "miss",
+        "cyc ms"
     );
     for l in &r.levels {
         println!(
-            "{:<9} {:>3} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>6.2} {:>6.1} {:>6.2} {:>7.2} {:>5.1} {:>6.2}",
+            "{:<9} {:>3} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>6.2} {:>6.1} {:>6.2} {:>7.2} {:>5.1} {:>6.2} {:>7.2} {:>5.2} {:>6.2}",
             format!("{:?}", l.mode).to_lowercase(),
             l.concurrency,
             l.aggregate_tok_s,
@@ -472,7 +487,10 @@ fn print_report(r: &LoadReport) {
             l.acceptance,
             l.step_ms,
             l.draft_rpcs_per_request,
-            l.draft_rpc_ms
+            l.draft_rpc_ms,
+            l.gather_ms,
+            l.missed_per_step,
+            l.cycle_ms
         );
     }
 }

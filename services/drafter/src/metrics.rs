@@ -35,6 +35,8 @@ pub struct BatchMetrics {
     sessions: Histogram,
     rows: Histogram,
     seconds: Histogram,
+    gather: Histogram,
+    missed: Counter,
 }
 
 impl StepObserver for BatchMetrics {
@@ -42,6 +44,8 @@ impl StepObserver for BatchMetrics {
         self.sessions.record(r.sequences as f64);
         self.rows.record(r.rows as f64);
         self.seconds.record(r.seconds);
+        self.gather.record(r.waited);
+        self.missed.increment(r.missed as u64);
     }
 }
 
@@ -86,6 +90,17 @@ impl DrafterMetrics {
                 seconds: r.histogram(
                     "tandem_drafter_batch_step_seconds",
                     "Wall time of one batched drafting step, seconds.",
+                    &[],
+                ),
+                gather: r.histogram(
+                    "tandem_drafter_batch_gather_seconds",
+                    "Wait of one batched drafting step for open sessions after its first \
+                     block, seconds.",
+                    &[],
+                ),
+                missed: r.counter(
+                    "tandem_drafter_batch_missed_sessions_total",
+                    "Open sessions a batched drafting step started without.",
                     &[],
                 ),
             }),

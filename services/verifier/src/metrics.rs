@@ -123,6 +123,8 @@ pub struct VerifierMetrics {
     batch_sessions: Histogram,
     batch_rows: Histogram,
     batch_step: Histogram,
+    batch_gather: Histogram,
+    batch_missed: Counter,
     batch_unbatched: Counter,
 }
 
@@ -307,6 +309,17 @@ impl VerifierMetrics {
                 "tandem_batch_step_seconds",
                 "Target forward of one batched step, seconds.",
             ),
+            batch_gather: secs(
+                "tandem_batch_gather_seconds",
+                "Wait of one batched target step for running generations after its first \
+                 forward, seconds.",
+            ),
+            batch_missed: r.counter(
+                "tandem_batch_missed_sessions_total",
+                "Running generations a batched target step started without (still at \
+                 work after its wait).",
+                &[],
+            ),
         }
     }
 
@@ -415,6 +428,8 @@ impl StepObserver for VerifierMetrics {
         self.batch_sessions.record(r.sequences as f64);
         self.batch_rows.record(r.rows as f64);
         self.batch_step.record(r.seconds);
+        self.batch_gather.record(r.waited);
+        self.batch_missed.increment(r.missed as u64);
     }
 
     fn unbatched(&self) {

@@ -4,8 +4,9 @@
 //! waiting, up to a row limit; while some live sessions have not sent theirs yet (they were
 //! reading the last step's answer, or doing other work), it waits for them a little — at
 //! most a quarter of a recent step ([`Pace`]) and never more than a configured cap — so that
-//! steps hold whole batches rather than stragglers. What each step ran is reported to
-//! [`StepObserver`]s (metrics, the draft scheduler's costs).
+//! steps hold whole batches rather than stragglers. What each step ran, how long it waited
+//! and whom it went without are reported to [`StepObserver`]s (metrics, the draft
+//! scheduler's costs).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -21,6 +22,10 @@ pub struct StepReport {
     pub rows: usize,
     /// Wall time of the step's forward.
     pub seconds: f64,
+    /// Seconds the step waited for live sessions after its first job ([`gather`]).
+    pub waited: f64,
+    /// Live sessions the step went without when it started (still at work after its wait).
+    pub missed: usize,
 }
 
 /// Receives every step's [`StepReport`].
@@ -75,13 +80,28 @@ pub struct Gathering<'a> {
     pub alive: &'a AtomicUsize,
 }
 
+/// A step as [`gather`] formed it.
+#[derive(Debug)]
+pub struct Gathered<J> {
+    /// Its jobs, the first one first.
+    pub step: Vec<J>,
+    /// A job that would have passed the row limit, for the next step.
+    pub over: Option<J>,
+    /// Seconds spent gathering after the first job.
+    pub waited: f64,
+    /// Live sessions without a job in the step when gathering ended.
+    pub missed: usize,
+}
+
 /// The step that starts with `first`: every job waiting, and those that arrive within
 /// `limits.wait` while fewer jobs than live sessions are in it; a job that would pass the
-/// row limit is returned for the next step.
-pub fn gather<J: Rows>(jobs: &Receiver<J>, first: J, limits: Gathering<'_>) -> (Vec<J>, Option<J>) {
-    let until = Instant::now() + limits.wait;
+/// row limit is kept for the next step.
+pub fn gather<J: Rows>(jobs: &Receiver<J>, first: J, limits: Gathering<'_>) -> Gathered<J> {
+    let started = Instant::now();
+    let until = started + limits.wait;
     let mut rows = first.rows();
     let mut step = vec![first];
+    let mut over = None;
     loop {
         let next = match jobs.try_recv() {
             Ok(job) => job,
@@ -92,12 +112,25 @@ pub fn gather<J: Rows>(jobs: &Receiver<J>, first: J, limits: Gathering<'_>) -> (
             },
         };
         if rows + next.rows() > limits.max_rows {
-            return (step, Some(next));
+            over = Some(next);
+            break;
         }
         rows += next.rows();
         step.push(next);
     }
-    (step, None)
+    let missed = match over {
+        Some(_) => 0,
+        None => limits
+            .alive
+            .load(Ordering::Acquire)
+            .saturating_sub(step.len()),
+    };
+    Gathered {
+        step,
+        over,
+        waited: started.elapsed().as_secs_f64(),
+        missed,
+    }
 }
 
 /// A batching thread's recent step time (an exponential average), which bounds how long a
@@ -152,9 +185,10 @@ mod tests {
             .for_each(|r| tx.send(Job(r)).expect("send"));
         let alive = AtomicUsize::new(4);
         let t0 = Instant::now();
-        let (step, over) = gather(&rx, Job(1), limits(&alive, 64, 10_000));
-        assert_eq!(step.iter().map(|j| j.0).collect::<Vec<_>>(), [1, 2, 3, 4]);
-        assert!(over.is_none());
+        let g = gather(&rx, Job(1), limits(&alive, 64, 10_000));
+        assert_eq!(g.step.iter().map(|j| j.0).collect::<Vec<_>>(), [1, 2, 3, 4]);
+        assert!(g.over.is_none());
+        assert_eq!(g.missed, 0);
         assert!(
             t0.elapsed() < Duration::from_secs(5),
             "it waited for nobody"
@@ -166,11 +200,14 @@ mod tests {
         let (tx, rx) = mpsc::channel::<Job>();
         let alive = AtomicUsize::new(3);
         let t0 = Instant::now();
-        let (step, over) = gather(&rx, Job(1), limits(&alive, 64, 30));
+        let g = gather(&rx, Job(1), limits(&alive, 64, 30));
         let waited = t0.elapsed();
-        assert_eq!(step.len(), 1);
-        assert!(over.is_none());
+        assert_eq!(g.step.len(), 1);
+        assert!(g.over.is_none());
         assert!(waited >= Duration::from_millis(30), "{waited:?}");
+        // It says what it waited and the two live sessions it went without.
+        assert!(g.waited >= 0.030 && g.waited <= waited.as_secs_f64());
+        assert_eq!(g.missed, 2);
         drop(tx);
     }
 
@@ -181,11 +218,13 @@ mod tests {
             .into_iter()
             .for_each(|r| tx.send(Job(r)).expect("send"));
         let alive = AtomicUsize::new(4);
-        let (step, over) = gather(&rx, Job(4), limits(&alive, 8, 0));
-        assert_eq!(step.iter().map(|j| j.0).collect::<Vec<_>>(), [4, 3]);
-        assert_eq!(over.map(|j| j.0), Some(5));
-        let (alone, _) = gather(&rx, Job(20), limits(&alive, 8, 0));
-        assert_eq!(alone.iter().map(|j| j.0).collect::<Vec<_>>(), [20]);
+        let g = gather(&rx, Job(4), limits(&alive, 8, 0));
+        assert_eq!(g.step.iter().map(|j| j.0).collect::<Vec<_>>(), [4, 3]);
+        assert_eq!(g.over.map(|j| j.0), Some(5));
+        // A full step misses nobody: the others wait for room, not for the step.
+        assert_eq!(g.missed, 0);
+        let alone = gather(&rx, Job(20), limits(&alive, 8, 0));
+        assert_eq!(alone.step.iter().map(|j| j.0).collect::<Vec<_>>(), [20]);
     }
 
     #[test]

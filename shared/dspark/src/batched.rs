@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tandem_core::batching::{gather, Gathering, Observers, Pace, Rows, StepObserver, StepReport};
+use tandem_core::batching::{
+    gather, Gathered, Gathering, Observers, Pace, Rows, StepObserver, StepReport,
+};
 use tandem_core::{DraftBlock, Sampler};
 
 use crate::batch::DraftJob;
@@ -189,15 +191,17 @@ impl Steps {
                 wait: pace.wait(self.batching.max_wait),
                 alive: &self.alive,
             };
-            let (step, over) = gather(&self.jobs, first, limits);
-            held = over;
-            pace.record(self.run_step(step));
+            let mut gathered = gather(&self.jobs, first, limits);
+            held = gathered.over.take();
+            pace.record(self.run_step(gathered));
         }
     }
 
-    /// Drafts `step`'s blocks together, answers every job and returns the step's seconds.
-    fn run_step(&self, step: Vec<Job>) -> f64 {
+    /// Drafts the gathered step's blocks together, answers every job and returns the step's
+    /// seconds.
+    fn run_step(&self, gathered: Gathered<Job>) -> f64 {
         let t0 = Instant::now();
+        let step = gathered.step;
         let guards: Vec<_> = step
             .iter()
             .map(|j| j.cache.lock().unwrap_or_else(|e| e.into_inner()))
@@ -220,6 +224,8 @@ impl Steps {
             sequences: step.len(),
             rows: step.iter().map(|j| j.req.gamma).sum(),
             seconds: t0.elapsed().as_secs_f64(),
+            waited: gathered.waited,
+            missed: gathered.missed,
         };
         self.observers.report(&report);
         for ((job, sampler), block) in step.into_iter().zip(samplers).zip(blocks) {

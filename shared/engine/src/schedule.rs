@@ -225,6 +225,8 @@ mod tests {
                 sequences: 8,
                 rows: 8,
                 seconds: 0.2,
+                waited: 0.0,
+                missed: 0,
             });
         }
         assert!(s.costs().seconds(8) > before * 2.0);

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tandem_core::batching::{gather, Gathering, Observers, Pace, Rows, StepReport};
+use tandem_core::batching::{gather, Gathered, Gathering, Observers, Pace, Rows, StepReport};
 use tandem_gemma::{
     DeviceBatch, ForwardOptions, ForwardOutput, Gemma3, GemmaError, KvCache, Segment, SlotCache,
     SlotSegment,
@@ -226,19 +226,19 @@ impl<R: StepRunner> Stepper<R> {
                 wait: pace.wait(self.limits.max_wait),
                 alive: &self.alive,
             };
-            let (step, over) = gather(&self.jobs, first, limits);
-            held = over;
-            if let Some(seconds) = self.run_step(step) {
+            let mut gathered = gather(&self.jobs, first, limits);
+            held = gathered.over.take();
+            if let Some(seconds) = self.run_step(gathered) {
                 pace.record(seconds);
             }
         }
     }
 
-    /// Runs `step`'s valid forwards together and answers every job (one that the runner
-    /// refuses alone, with its error); returns the step's seconds when it ran.
-    fn run_step(&mut self, step: Vec<Job<R::Cache>>) -> Option<f64> {
+    /// Runs the gathered step's valid forwards together and answers every job (one that the
+    /// runner refuses alone, with its error); returns the step's seconds when it ran.
+    fn run_step(&mut self, gathered: Gathered<Job<R::Cache>>) -> Option<f64> {
         let (mut ready, mut refused) = (Vec::new(), Vec::new());
-        for mut job in step {
+        for mut job in gathered.step {
             match self.runner.check(&mut job) {
                 Ok(()) => ready.push(job),
                 Err(e) => refused.push((job, e)),
@@ -257,6 +257,8 @@ impl<R: StepRunner> Stepper<R> {
             sequences: ready.len(),
             rows: ready.iter().map(|j| j.tokens.len()).sum(),
             seconds: t0.elapsed().as_secs_f64(),
+            waited: gathered.waited,
+            missed: gathered.missed,
         };
         let outs: Vec<tandem_gemma::Result<ForwardOutput>> = match outs {
             Ok(outs) => outs.into_iter().map(Ok).collect(),
