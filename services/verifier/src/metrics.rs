@@ -302,7 +302,8 @@ impl VerifierMetrics {
             ),
             batch_rows: r.histogram(
                 "tandem_batch_rows_per_step",
-                "Token rows (prompt chunks and verify blocks) of one batched target step.",
+                "Token rows (prompt chunks and verify blocks) of one batched target step; on a GPU \
+                 every block padded to the step's block length.",
                 &[],
             ),
             batch_step: secs(

@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 pub struct StepReport {
     /// Jobs (one per session) in the step.
     pub sequences: usize,
-    /// Token rows in the step.
+    /// Token rows in the step, as the target's step costs count them (on a device that
+    /// pads every block to the step's block length, padding included).
     pub rows: usize,
     /// Wall time of the step's forward.
     pub seconds: f64,

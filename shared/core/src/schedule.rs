@@ -7,6 +7,11 @@
 //! admitted set is a prefix per generation — and the admitted prefix that maximises the
 //! batch's expected tokens per second `Σ E_i / T(R)` is kept. Generations whose drafts do
 //! not pay get `γ = 0`. Which lengths it picks never changes what is generated.
+//!
+//! On a target that pads every block of a step to the step's longest (a GPU's batched
+//! steps, [`StepCosts::padded`]) a step of `B` generations whose longest block has `L` rows
+//! costs `T(B · L)`: one long block makes every generation's rows long, so a draft is priced
+//! by the step shape it makes, not by its own rows.
 
 /// Seconds of a target step by its rows, from a profile and refreshed by observed steps.
 #[derive(Debug, Clone, PartialEq)]
@@ -15,6 +20,8 @@ pub struct StepCosts {
     points: Vec<(usize, f64)>,
     /// Weight an observed step gives its nearest point.
     learn: f64,
+    /// A step's rows are its generations times its longest block.
+    padded: bool,
 }
 
 impl StepCosts {
@@ -31,7 +38,23 @@ impl StepCosts {
         (!p.is_empty()).then_some(Self {
             points: p,
             learn: 0.1,
+            padded: false,
         })
+    }
+
+    /// The same costs for a target that pads every block of a step to the step's longest:
+    /// a step's rows, in its points and in the steps it observes, are then its generations
+    /// times its longest block.
+    pub fn padded(self) -> Self {
+        Self {
+            padded: true,
+            ..self
+        }
+    }
+
+    /// Whether a step's rows count its padding ([`Self::padded`]).
+    pub fn is_padded(&self) -> bool {
+        self.padded
     }
 
     /// The measured points.
@@ -92,14 +115,22 @@ pub fn survivals(acceptance: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-/// Rows and expected tokens per step of the generations in the batch whose draft lengths
-/// are not scheduled (plain decoding, a fixed γ).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// A generation in the batch whose draft length is not scheduled (plain decoding, a fixed
+/// γ): the rows of its block and the tokens it is expected to emit per step.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Unscheduled {
-    /// Their rows per step.
+    /// Rows of its block (1 + γ).
     pub rows: usize,
-    /// Their expected tokens per step.
+    /// Its expected tokens per step.
     pub expected: f64,
+}
+
+impl Unscheduled {
+    /// A plain generation: one row, one token.
+    pub const PLAIN: Self = Self {
+        rows: 1,
+        expected: 1.0,
+    };
 }
 
 /// What a scheduled generation brings: the prefix survivals of the drafts it may make and
@@ -123,16 +154,22 @@ pub struct Drafts {
 /// The batch's expected tokens per second with draft lengths `gamma` (the definition
 /// [`allocate`] maximises; it keeps running totals instead).
 #[cfg(test)]
-fn rate(sessions: &[Drafts], gamma: &[usize], others: Unscheduled, costs: &StepCosts) -> f64 {
-    let (mut expected, mut rows, mut draft) = (others.expected, others.rows, 0.0);
+fn rate(sessions: &[Drafts], gamma: &[usize], others: &[Unscheduled], costs: &StepCosts) -> f64 {
+    let mut expected: f64 = others.iter().map(|o| o.expected).sum();
+    let mut blocks: Vec<usize> = others.iter().map(|o| o.rows).collect();
+    let mut draft = 0.0;
     for (d, g) in sessions.iter().zip(gamma) {
         expected += 1.0 + d.survival[..*g].iter().sum::<f64>();
-        rows += 1 + g;
+        blocks.push(1 + g);
         if *g > 0 {
             draft += d.draft_s.max(0.0);
         }
         draft += d.row_s.max(0.0) * *g as f64;
     }
+    let rows = match costs.is_padded() {
+        true => blocks.len() * blocks.iter().max().copied().unwrap_or(0),
+        false => blocks.iter().sum(),
+    };
     expected / (costs.seconds(rows) + draft)
 }
 
@@ -174,33 +211,85 @@ impl Profile {
     }
 }
 
-/// Running totals of a batch: expected tokens, rows and drafting seconds per step.
+/// Block lengths a batch's totals tell apart (a longer block counts as this long).
+const BLOCKS: usize = 65;
+
+/// Running totals of a batch: expected tokens, rows and drafting seconds per step, and its
+/// generations by block length (a padded step's shape).
 #[derive(Debug, Clone, Copy)]
 struct Totals {
     expected: f64,
     rows: usize,
     draft: f64,
+    sequences: usize,
+    blocks: [u16; BLOCKS],
 }
 
 impl Totals {
+    /// The totals of a batch of `others` and `scheduled` generations drafting nothing.
+    fn new(others: &[Unscheduled], scheduled: usize) -> Self {
+        let mut t = Self {
+            expected: scheduled as f64,
+            rows: scheduled,
+            draft: 0.0,
+            sequences: scheduled,
+            blocks: [0; BLOCKS],
+        };
+        t.blocks[1] = scheduled.min(u16::MAX as usize) as u16;
+        others.iter().for_each(|o| t.join(o));
+        t
+    }
+
+    fn join(&mut self, o: &Unscheduled) {
+        self.expected += o.expected;
+        self.rows += o.rows;
+        self.sequences += 1;
+        self.count(o.rows, 1);
+    }
+
+    fn leave(&mut self, o: &Unscheduled) {
+        self.expected -= o.expected;
+        self.rows = self.rows.saturating_sub(o.rows);
+        self.sequences = self.sequences.saturating_sub(1);
+        self.count(o.rows, -1);
+    }
+
+    fn count(&mut self, rows: usize, by: i32) {
+        let n = &mut self.blocks[rows.min(BLOCKS - 1)];
+        *n = (*n as i32 + by).clamp(0, u16::MAX as i32) as u16;
+    }
+
     /// The totals with generation `p` drafting `to` tokens instead of `from`.
-    fn moved(self, p: &Profile, from: usize, to: usize) -> Self {
+    fn moved(mut self, p: &Profile, from: usize, to: usize) -> Self {
         let drafting = |g: usize| p.row_s * g as f64 + if g > 0 { p.draft_s } else { 0.0 };
-        Self {
-            expected: self.expected + p.cum[to] - p.cum[from],
-            rows: self.rows + to - from,
-            draft: self.draft + drafting(to) - drafting(from),
+        self.expected += p.cum[to] - p.cum[from];
+        self.rows = self.rows + to - from;
+        self.draft += drafting(to) - drafting(from);
+        self.count(1 + from, -1);
+        self.count(1 + to, 1);
+        self
+    }
+
+    /// The rows a step of this batch runs: its blocks' rows, or where the target pads them
+    /// its generations times its longest block.
+    fn step_rows(&self, costs: &StepCosts) -> usize {
+        match costs.is_padded() {
+            true => {
+                let longest = self.blocks.iter().rposition(|n| *n > 0).unwrap_or(0);
+                self.sequences * longest
+            }
+            false => self.rows,
         }
     }
 
     fn rate(&self, costs: &StepCosts) -> f64 {
-        self.expected / (costs.seconds(self.rows) + self.draft)
+        self.expected / (costs.seconds(self.step_rows(costs)) + self.draft)
     }
 }
 
 /// The draft length of each generation that maximises the batch's expected tokens per
 /// second under `costs`, beside the `others` whose lengths are given ([`BatchPlan::new`]).
-pub fn allocate(sessions: &[Drafts], others: Unscheduled, costs: &StepCosts) -> Vec<usize> {
+pub fn allocate(sessions: &[Drafts], others: &[Unscheduled], costs: &StepCosts) -> Vec<usize> {
     BatchPlan::new(sessions, others, costs).gamma
 }
 
@@ -221,7 +310,7 @@ impl BatchPlan {
     /// with its first slot) up to the best prefix, then each generation's length improved
     /// alone while any change pays, so that no single generation's length can do better.
     /// O(slots · log slots) with running totals.
-    pub fn new(sessions: &[Drafts], others: Unscheduled, costs: &StepCosts) -> Self {
+    pub fn new(sessions: &[Drafts], others: &[Unscheduled], costs: &StepCosts) -> Self {
         let profiles: Vec<Profile> = sessions.iter().map(Profile::new).collect();
         let mut slots: Vec<(f64, usize)> = profiles
             .iter()
@@ -232,11 +321,7 @@ impl BatchPlan {
         slots.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         let mut plan = Self {
             gamma: vec![0; profiles.len()],
-            totals: Totals {
-                expected: others.expected + profiles.len() as f64,
-                rows: others.rows + profiles.len(),
-                draft: 0.0,
-            },
+            totals: Totals::new(others, profiles.len()),
             profiles,
         };
         let mut best = (plan.totals.rate(costs), 0);
@@ -274,10 +359,10 @@ impl BatchPlan {
         self.gamma[i]
     }
 
-    /// Takes a change of the rows and tokens the unscheduled generations bring.
+    /// Takes an unscheduled generation's change of block and expected tokens.
     pub fn others_changed(&mut self, before: Unscheduled, after: Unscheduled) {
-        self.totals.expected += after.expected - before.expected;
-        self.totals.rows = (self.totals.rows + after.rows).saturating_sub(before.rows);
+        self.totals.leave(&before);
+        self.totals.join(&after);
     }
 
     /// Generation `i`'s length set to `g`, the totals with it.
@@ -349,10 +434,7 @@ mod tests {
     fn a_flat_cost_takes_every_surviving_draft() {
         let c = costs(&[(1, 1.0), (64, 1.0)]);
         let s = vec![survivals(&[0.9, 0.5, 0.5]), survivals(&[0.1, 0.1, 0.1])];
-        assert_eq!(
-            allocate(&free(s.clone()), Unscheduled::default(), &c),
-            vec![3, 3]
-        );
+        assert_eq!(allocate(&free(s.clone()), &[], &c), vec![3, 3]);
     }
 
     #[test]
@@ -361,10 +443,7 @@ mod tests {
         // per row, which is 1 without drafts.
         let c = costs(&[(1, 1.0), (64, 64.0)]);
         let s = vec![vec![0.99, 0.98], vec![0.5, 0.2]];
-        assert_eq!(
-            allocate(&free(s.clone()), Unscheduled::default(), &c),
-            vec![0, 0]
-        );
+        assert_eq!(allocate(&free(s.clone()), &[], &c), vec![0, 0]);
     }
 
     #[test]
@@ -372,7 +451,7 @@ mod tests {
         // A step of 2 rows costs 1, then 0.1 per row: good drafts go first.
         let c = costs(&[(2, 1.0), (10, 1.8)]);
         let s = vec![survivals(&[0.9, 0.9, 0.9]), survivals(&[0.6, 0.1, 0.5])];
-        let g = allocate(&free(s.clone()), Unscheduled::default(), &c);
+        let g = allocate(&free(s.clone()), &[], &c);
         assert_eq!(g, vec![3, 1]);
     }
 
@@ -383,32 +462,55 @@ mod tests {
         // 0.5 of a token does not pay for.
         let c = costs(&[(1, 1.0), (2, 1.2), (9, 8.0), (10, 8.5)]);
         let s = vec![vec![0.5]];
-        assert_eq!(
-            allocate(&free(s.clone()), Unscheduled::default(), &c),
-            vec![1]
-        );
-        let eight = Unscheduled {
-            rows: 8,
-            expected: 8.0,
-        };
-        assert_eq!(allocate(&free(s), eight, &c), vec![0]);
+        assert_eq!(allocate(&free(s.clone()), &[], &c), vec![1]);
+        let eight = [Unscheduled::PLAIN; 8];
+        assert_eq!(allocate(&free(s), &eight, &c), vec![0]);
     }
 
     #[test]
     fn a_plan_answers_with_the_others_as_they_stand() {
-        // As above: a 0.5 draft pays alone, not beside eight plain generations.
-        let c = costs(&[(1, 1.0), (2, 1.2), (9, 8.0), (10, 8.5)]);
+        // Beside a plain generation a 0.5 draft pays (2.5 tokens for 1.2 against 2 for
+        // 1.1); beside one whose fixed block of 8 rows yields 8 tokens it does not (9.5 for
+        // 8.5 against 9 for 8).
+        let c = costs(&[(1, 1.0), (2, 1.1), (3, 1.2), (9, 8.0), (10, 8.5)]);
         let half = free(vec![vec![0.5]]);
-        let mut plan = BatchPlan::new(&half, Unscheduled::default(), &c);
+        let mut plan = BatchPlan::new(&half, &[Unscheduled::PLAIN], &c);
         assert_eq!(plan.gammas(), &[1]);
-        let eight = Unscheduled {
+        let fixed = Unscheduled {
             rows: 8,
             expected: 8.0,
         };
-        plan.others_changed(Unscheduled::default(), eight);
+        plan.others_changed(Unscheduled::PLAIN, fixed);
         assert_eq!(plan.respond(0, &half[0], &c), 0);
-        plan.others_changed(eight, Unscheduled::default());
+        plan.others_changed(fixed, Unscheduled::PLAIN);
         assert_eq!(plan.respond(0, &half[0], &c), 1);
+    }
+
+    #[test]
+    fn a_padded_step_prices_a_draft_by_the_shape_it_makes() {
+        // A step costs 1 + 0.02 a row. Beside eight plain generations, drafts surviving
+        // 0.9 pay for their own rows (ragged: 14.1 tokens for 1.34 against 9 for 1.18) but
+        // not for every generation's rows padded to the long block (81 rows: 2.62).
+        let line: Vec<(usize, f64)> = [1, 64, 600]
+            .iter()
+            .map(|r| (*r, 1.0 + 0.02 * *r as f64))
+            .collect();
+        let (ragged, padded) = (costs(&line), costs(&line).padded());
+        let sure = free(vec![vec![0.9; 8]]);
+        let eight = [Unscheduled::PLAIN; 8];
+        assert_eq!(allocate(&sure, &eight, &ragged), vec![8]);
+        assert_eq!(allocate(&sure, &eight, &padded), vec![0]);
+        // Where every generation drafts, rows below the longest block are free: all draft
+        // alike.
+        let nine = free(vec![survivals(&[0.9; 8]); 9]);
+        assert_eq!(allocate(&nine, &[], &padded), vec![8; 9]);
+        // A fixed long block among the others makes drafting up to it free.
+        let fixed = [Unscheduled {
+            rows: 9,
+            expected: 4.0,
+        }];
+        let weak = free(vec![vec![0.2, 0.1]; 3]);
+        assert_eq!(allocate(&weak, &fixed, &padded), vec![2; 3]);
     }
 
     #[test]
@@ -421,10 +523,9 @@ mod tests {
             draft_s: 0.5,
             row_s: 0.0,
         };
-        let none = Unscheduled::default();
-        assert_eq!(allocate(&free(vec![vec![0.6]]), none, &c), vec![1]);
-        assert_eq!(allocate(&[slow(vec![0.6])], none, &c), vec![0]);
-        assert_eq!(allocate(&[slow(vec![1.0, 1.0, 1.0])], none, &c), vec![3]);
+        assert_eq!(allocate(&free(vec![vec![0.6]]), &[], &c), vec![1]);
+        assert_eq!(allocate(&[slow(vec![0.6])], &[], &c), vec![0]);
+        assert_eq!(allocate(&[slow(vec![1.0, 1.0, 1.0])], &[], &c), vec![3]);
     }
 
     #[test]
@@ -432,18 +533,15 @@ mod tests {
         // Eight plain generations and one whose drafts survive 0.5: a row costs the step
         // 0.25 (8 → 8.25), which 0.5 of a token pays for (9.5 / 8.25 > 9 / 8)...
         let c = costs(&[(1, 1.0), (9, 8.0), (16, 9.75)]);
-        let eight = Unscheduled {
-            rows: 8,
-            expected: 8.0,
-        };
+        let eight = [Unscheduled::PLAIN; 8];
         let half = |row_s: f64| Drafts {
             survival: vec![0.5, 0.25],
             draft_s: 0.0,
             row_s,
         };
-        assert_eq!(allocate(&[half(0.0)], eight, &c), vec![1]);
+        assert_eq!(allocate(&[half(0.0)], &eight, &c), vec![1]);
         // ...but not when sampling the row takes another 0.25 of the generation's work.
-        assert_eq!(allocate(&[half(0.25)], eight, &c), vec![0]);
+        assert_eq!(allocate(&[half(0.25)], &eight, &c), vec![0]);
     }
 
     proptest! {
@@ -453,14 +551,20 @@ mod tests {
             acc in proptest::collection::vec(
                 (proptest::collection::vec(0.0f64..1.0, 0..6), 0.0f64..0.6), 1..6),
             per_row in 0.0f64..1.5,
-            plain in 0usize..4,
+            fixed in proptest::collection::vec((1usize..10, 1.0f64..4.0), 0..4),
+            padded: bool,
         ) {
             let c = costs(&[(1, 1.0), (2, 1.0 + per_row), (64, 1.0 + 63.0 * per_row)]);
+            let c = if padded { c.padded() } else { c };
             let s: Vec<Drafts> = acc
                 .iter()
                 .map(|(a, d)| Drafts { survival: survivals(a), draft_s: *d, row_s: *d / 4.0 })
                 .collect();
-            let others = Unscheduled { rows: plain, expected: plain as f64 };
+            let others: Vec<Unscheduled> = fixed
+                .iter()
+                .map(|(rows, expected)| Unscheduled { rows: *rows, expected: *expected })
+                .collect();
+            let others = others.as_slice();
             let g = allocate(&s, others, &c);
             let best = rate(&s, &g, others, &c);
             for (i, si) in s.iter().enumerate() {

@@ -24,8 +24,8 @@ use crate::models::{StepObserver, StepReport};
 enum Claim {
     /// Its draft length is scheduled from these survivals and drafting time.
     Scheduled(Drafts),
-    /// Rows and expected tokens per step it brings whatever the scheduler says.
-    Fixed { rows: usize, expected: f64 },
+    /// The block and expected tokens per step it brings whatever the scheduler says.
+    Fixed(Unscheduled),
 }
 
 struct State {
@@ -40,20 +40,17 @@ struct State {
 impl State {
     /// The allocation of the seats as they claim now.
     fn allocate(&self) -> (Vec<u64>, BatchPlan) {
-        let (mut ids, mut profiles, mut others) = (Vec::new(), Vec::new(), Unscheduled::default());
+        let (mut ids, mut profiles, mut others) = (Vec::new(), Vec::new(), Vec::new());
         for (id, claim) in &self.seats {
             match claim {
                 Claim::Scheduled(p) => {
                     ids.push(*id);
                     profiles.push(p.clone());
                 }
-                Claim::Fixed { rows, expected } => {
-                    others.rows += rows;
-                    others.expected += expected;
-                }
+                Claim::Fixed(o) => others.push(*o),
             }
         }
-        (ids, BatchPlan::new(&profiles, others, &self.costs))
+        (ids, BatchPlan::new(&profiles, &others, &self.costs))
     }
 }
 
@@ -81,13 +78,7 @@ impl DraftScheduler {
         let id = s.next;
         s.next += 1;
         s.plan = None;
-        s.seats.insert(
-            id,
-            Claim::Fixed {
-                rows: 1,
-                expected: 1.0,
-            },
-        );
+        s.seats.insert(id, Claim::Fixed(Unscheduled::PLAIN));
         Seat {
             scheduler: self,
             id,
@@ -122,14 +113,13 @@ pub struct Seat<'s> {
 impl Seat<'_> {
     /// Declares a fixed draft length (0: plain) and the tokens a round is expected to emit.
     pub fn fixed(&self, gamma: usize, expected: f64) {
-        let (rows, expected) = (1 + gamma, expected.max(1.0));
+        let now = Unscheduled {
+            rows: 1 + gamma,
+            expected: expected.max(1.0),
+        };
         let mut s = self.scheduler.lock();
-        let now = Unscheduled { rows, expected };
-        let before = s.seats.insert(self.id, Claim::Fixed { rows, expected });
-        match (before, s.plan.as_mut()) {
-            (Some(Claim::Fixed { rows, expected }), Some((_, plan))) => {
-                plan.others_changed(Unscheduled { rows, expected }, now);
-            }
+        match (s.seats.insert(self.id, Claim::Fixed(now)), s.plan.as_mut()) {
+            (Some(Claim::Fixed(before)), Some((_, plan))) => plan.others_changed(before, now),
             _ => s.plan = None,
         }
     }

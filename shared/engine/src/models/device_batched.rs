@@ -62,14 +62,27 @@ impl BatchedDeviceGemma3 {
     }
 }
 
-/// Sequences of the start-up profile's steps (those the pool has slots for).
-const PROFILE_ROWS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+/// The start-up profile's steps, as (sequences, block length) (those the pool has slots
+/// for): decode steps of every batch bucket, then verify blocks of the default γ = 8 where
+/// their padded rows pass the decode steps' (a step's cost is priced by its padded rows).
+const PROFILE_STEPS: [(usize, usize); 10] = [
+    (1, 1),
+    (2, 1),
+    (4, 1),
+    (8, 1),
+    (16, 1),
+    (32, 1),
+    (64, 1),
+    (16, 9),
+    (32, 9),
+    (64, 9),
+];
 /// Context of each profiled sequence.
 const PROFILE_CONTEXT: usize = 32;
 
-/// The seconds of a step of one-token greedy blocks of 1 to 64 sequences at a short
-/// context, the fastest of three runs each (the first captures its graph): the
-/// scheduler's first step costs.
+/// The seconds of greedy steps of [`PROFILE_STEPS`] at a short context, the fastest of
+/// three runs each (the first captures its graph), by padded rows: the scheduler's first
+/// step costs.
 fn profile(batch: &mut DeviceBatch) -> Result<StepCosts> {
     let slots = batch.slots();
     let context: Vec<u32> = (0..PROFILE_CONTEXT as u32).map(|i| 1000 + 7 * i).collect();
@@ -82,24 +95,27 @@ fn profile(batch: &mut DeviceBatch) -> Result<StepCosts> {
         taps: Vec::new(),
     };
     let mut points = Vec::new();
-    for rows in PROFILE_ROWS.into_iter().filter(|&r| r <= slots.available()) {
-        let mut caches: Vec<SlotCache> = (0..rows)
-            .filter_map(|_| slots.take(PROFILE_CONTEXT + 1))
+    let fits = |&(n, _): &(usize, usize)| n <= slots.available();
+    for (sequences, block) in PROFILE_STEPS.into_iter().filter(fits) {
+        let mut caches: Vec<SlotCache> = (0..sequences)
+            .filter_map(|_| slots.take(PROFILE_CONTEXT + block))
             .collect();
         batch.forward(&mut SlotSegment::at_ends(&mut caches, &context, &none))?;
+        let tokens: Vec<u32> = (0..block as u32).map(|i| 2000 + i).collect();
         let mut best = f64::INFINITY;
         for _ in 0..3 {
             let t0 = Instant::now();
-            batch.forward(&mut SlotSegment::at_ends(&mut caches, &[2000], &greedy))?;
+            batch.forward(&mut SlotSegment::at_ends(&mut caches, &tokens, &greedy))?;
             best = best.min(t0.elapsed().as_secs_f64());
             caches
                 .iter_mut()
                 .try_for_each(|c| c.truncate(PROFILE_CONTEXT))?;
         }
-        points.push((rows, best));
+        points.push((sequences * block, best));
     }
     tracing::debug!(?points, "batched device step costs profiled");
     StepCosts::new(&points)
+        .map(StepCosts::padded)
         .ok_or_else(|| EngineError::Load("profiling batched steps measured no time".into()))
 }
 

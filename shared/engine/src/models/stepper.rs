@@ -65,6 +65,11 @@ pub(super) trait StepRunner: Send + 'static {
     fn check(&self, job: &mut Job<Self::Cache>) -> tandem_gemma::Result<()>;
     /// Runs the forwards of `jobs` (each passed [`Self::check`]) together, outputs in order.
     fn run(&mut self, jobs: &mut [Job<Self::Cache>]) -> tandem_gemma::Result<Vec<ForwardOutput>>;
+    /// The rows a step of `jobs` runs, as the target's step costs count them: its blocks'
+    /// tokens, unless the target pads them.
+    fn step_rows(&self, jobs: &[Job<Self::Cache>]) -> usize {
+        jobs.iter().map(|j| j.tokens.len()).sum()
+    }
 }
 
 /// The CPU kernels' ragged forward ([`Gemma3::forward_ragged`]).
@@ -112,6 +117,10 @@ impl StepRunner for Shared {
     fn run(&mut self, jobs: &mut [Job<SlotCache>]) -> tandem_gemma::Result<Vec<ForwardOutput>> {
         let mut segs: Vec<SlotSegment<'_>> = jobs.iter_mut().map(slot_segment).collect();
         self.batch().forward(&mut segs)
+    }
+
+    fn step_rows(&self, jobs: &[Job<SlotCache>]) -> usize {
+        tandem_gemma::padded_rows(&jobs.iter().map(|j| j.tokens.len()).collect::<Vec<_>>())
     }
 }
 
@@ -255,7 +264,7 @@ impl<R: StepRunner> Stepper<R> {
         let outs = self.runner.run(&mut ready);
         let report = StepReport {
             sequences: ready.len(),
-            rows: ready.iter().map(|j| j.tokens.len()).sum(),
+            rows: self.runner.step_rows(&ready),
             seconds: t0.elapsed().as_secs_f64(),
             waited: gathered.waited,
             missed: gathered.missed,

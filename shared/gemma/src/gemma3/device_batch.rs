@@ -518,6 +518,16 @@ fn block_rows(m: usize) -> usize {
     BLOCK_BUCKETS.into_iter().find(|&r| r >= m).unwrap_or(m)
 }
 
+/// The rows a step of blocks of these lengths runs with every block padded to its group's
+/// block length (not counting the sequences a batch bucket adds, which no draft length
+/// changes): what the draft scheduler prices on a device (`StepCosts::padded`).
+pub fn padded_rows(lengths: &[usize]) -> usize {
+    groups(lengths)
+        .iter()
+        .map(|g| g.len() * block_rows(g.iter().map(|&i| lengths[i]).max().unwrap_or(1)))
+        .sum()
+}
+
 /// The sequences a step of `n` is padded to.
 fn batch_rows(n: usize) -> usize {
     BATCH_BUCKETS.into_iter().find(|&b| b >= n).unwrap_or(n)
@@ -528,6 +538,16 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn padded_rows_count_each_block_at_its_steps_length() {
+        assert_eq!(padded_rows(&[1, 1, 1]), 3);
+        // One verify block of 9 makes every short block 9 rows long.
+        assert_eq!(padded_rows(&[1, 9, 1]), 27);
+        assert_eq!(padded_rows(&[3, 5]), 16);
+        // A prompt chunk steps apart at its own length.
+        assert_eq!(padded_rows(&[1, 40]), 41);
+    }
 
     proptest! {
         /// Every segment steps exactly once, at most `MAX_BATCH` to a step, every block fits
