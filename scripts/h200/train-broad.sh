@@ -36,7 +36,10 @@ STEPS=${STEPS:-3000}
 GROW="${GROW_LAYERS:+--grow-layers $GROW_LAYERS} ${GROW_FF_MULT:+--grow-ff-mult $GROW_FF_MULT}"
 # REBUILD_VOCAB=0 keeps the starting drafter's draft vocabulary; TRAIN_ONLY=bb.2.,bb.3.
 # steps only those parameters (a grown drafter's new layers), the rest stay as they start.
+# CORPUS_WEIGHTS="docs=4 prose=0.5" takes that many times the prompts per file from those
+# folders of the corpus; LR sets the peak learning rate (1.5e-3).
 REVOCAB=$([ "${REBUILD_VOCAB:-1}" = 1 ] && echo --rebuild-vocab || true)
+WEIGHTS=$(for w in ${CORPUS_WEIGHTS:-}; do printf -- "--corpus-weight %s/corpus/train/%s " "$W" "$w"; done)
 
 data_flags() {
   echo --corpus "$W/corpus/train" --prompt-tokens 64 --continuation-tokens 64 \
@@ -44,7 +47,7 @@ data_flags() {
     --keep 64 --temperatures 0,0.7,1 --teacher-batch 512 --samples-cache "$W/cache" \
     --pregenerate --vocab-samples 4096 --seed 4 \
     --samples-per-step 32 --batch 1024 --warmup 50 --eval-every 250 --checkpoint-every 100 \
-    --device cuda ${TRAIN_ONLY:+--train-only $TRAIN_ONLY}
+    --device cuda ${TRAIN_ONLY:+--train-only $TRAIN_ONLY} $WEIGHTS
 }
 
 case "${1:-}" in
@@ -79,7 +82,7 @@ start)
   echo "$GGUF_SHA256  $W/models/gemma-3-270m/gemma-3-270m-q4_k_m.gguf" | sha256sum -c
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
   cd "$W"
-  run_a="./tandem train-drafter $(data_flags) --out $W/a --steps $STEPS --lr 1.5e-3"
+  run_a="./tandem train-drafter $(data_flags) --out $W/a --steps $STEPS --lr ${LR:-1.5e-3}"
   setsid nohup bash -c "
     : > $W/a.log
     ($run_a $first || for i in 1 2 3 4 5 6 7 8; do

@@ -293,6 +293,7 @@ fn held_out_prompts(engine: &Engine, a: &SpecArgs) -> Result<Vec<Vec<u32>>> {
         held_out_prompts: a.prompts,
         held_out_percent: a.held_out_percent,
         prompts_per_file: 1,
+        weights: Vec::new(),
         seed: a.seed,
     };
     let p = corpus::prompts(&a.prompts_from, &cfg, |t| {

@@ -32,6 +32,11 @@ pub struct TrainArgs {
     /// Files or folders of text (.md .txt .rs .py .html) to take prompts from.
     #[arg(long, num_args = 1.., required = true)]
     corpus: Vec<PathBuf>,
+    /// `PATH=W`: take up to W times as many prompts from each file under PATH (a folder of
+    /// --corpus), so that its kind of text weighs more (or less) in the mix; repeatable,
+    /// the last that holds a file wins. Give the same ones again with --resume.
+    #[arg(long, value_parser = corpus_weight, value_name = "PATH=W")]
+    corpus_weight: Vec<(PathBuf, f64)>,
     /// Output folder: the drafter plus the trainer's state.
     #[arg(long)]
     out: PathBuf,
@@ -175,6 +180,9 @@ impl TrainArgs {
             eval_stride: 4,
             checkpoint_every: self.checkpoint_every,
             train_only: self.train_only.clone(),
+            corpus_weights: (self.corpus_weight.iter())
+                .map(|(p, w)| format!("{}={w}", p.display()))
+                .collect(),
             device: Device::Cpu,
         })
     }
@@ -230,6 +238,7 @@ fn train<M: Gemma3Model>(
         held_out_prompts: a.held_out_prompts,
         held_out_percent: a.held_out_percent,
         prompts_per_file: 4,
+        weights: a.corpus_weight.clone(),
         seed: a.seed,
     };
     let mut prompts = corpus::prompts(&a.corpus, &corpus_cfg, |t| {
@@ -387,5 +396,35 @@ fn print_event(e: &Event<'_>, steps: usize) {
             r.step, r.blocks, r.loss, r.tv, r.tau
         ),
         Event::Checkpoint(p) => eprintln!("[checkpoint {}]", p.display()),
+    }
+}
+
+/// A `--corpus-weight` value: `PATH=W`, W a positive number.
+fn corpus_weight(v: &str) -> std::result::Result<(PathBuf, f64), String> {
+    let (path, w) = v
+        .rsplit_once('=')
+        .ok_or_else(|| format!("{v:?} is not PATH=W"))?;
+    match w.parse::<f64>() {
+        Ok(w) if w.is_finite() && w > 0.0 && !path.is_empty() => Ok((PathBuf::from(path), w)),
+        _ => Err(format!(
+            "{v:?}: the weight must be a positive number after a path"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corpus_weights_are_a_path_and_a_positive_number() {
+        assert_eq!(
+            corpus_weight("c/docs=4"),
+            Ok((PathBuf::from("c/docs"), 4.0))
+        );
+        assert_eq!(corpus_weight("a=b=0.5"), Ok((PathBuf::from("a=b"), 0.5)));
+        for bad in ["docs", "docs=0", "docs=-1", "=2", "docs=inf", "docs=x"] {
+            assert!(corpus_weight(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -36,8 +36,22 @@ pub struct CorpusConfig {
     pub held_out_percent: u32,
     /// Most prompts taken from one file (diversity).
     pub prompts_per_file: usize,
+    /// Multipliers of `prompts_per_file` for the documents under a path (the last that
+    /// holds a document wins): a kind of text weighs more in the mix without a corpus of
+    /// its own.
+    pub weights: Vec<(PathBuf, f64)>,
     /// Seed of the shuffles.
     pub seed: u64,
+}
+
+impl CorpusConfig {
+    /// Most prompts taken from `path`: `prompts_per_file` times its weight, at least 1.
+    pub fn room(&self, path: &Path) -> usize {
+        let weight = (self.weights.iter().rev())
+            .find(|(under, _)| path.starts_with(under))
+            .map_or(1.0, |(_, w)| *w);
+        ((self.prompts_per_file.max(1) as f64 * weight).round() as usize).max(1)
+    }
 }
 
 /// Training and held-out prompts (token ids).
@@ -279,20 +293,20 @@ where
     let full = |o: &Prompts| {
         o.train.len() >= cfg.train_prompts && o.held_out.len() >= cfg.held_out_prompts
     };
-    let room = cfg.prompts_per_file.max(1);
     // Documents are read and tokenized in parallel, a chunk at a time, and taken in order.
     for batch in docs.chunks(64) {
         if full(&out) {
             break;
         }
-        let cut: Vec<(bool, Vec<Vec<u32>>)> = batch
+        let cut: Vec<(bool, usize, Vec<Vec<u32>>)> = batch
             .par_iter()
             .map(|doc| {
                 let held = doc.is_held_out(cfg.held_out_percent);
-                Ok((held, doc_prompts(doc, cfg, room, &encode)?))
+                let room = cfg.room(doc.path());
+                Ok((held, room, doc_prompts(doc, cfg, room, &encode)?))
             })
             .collect::<Result<_>>()?;
-        for (held, prompts) in cut {
+        for (held, room, prompts) in cut {
             let (split, want) = match held {
                 true => (&mut out.held_out, cfg.held_out_prompts),
                 false => (&mut out.train, cfg.train_prompts),

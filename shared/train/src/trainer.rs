@@ -45,6 +45,9 @@ pub struct TrainConfig {
     /// Prefixes of the names of the parameters the optimizer steps (`bb.2.`: the third
     /// backbone layer); the others stay as loaded. Empty: every parameter.
     pub train_only: Vec<String>,
+    /// The corpus weights the training prompts were drawn with (`PATH=W`), for the resume
+    /// check only.
+    pub corpus_weights: Vec<String>,
     /// Where the drafter trains (the CPU, or a GPU with the `cuda` feature).
     #[serde(skip)]
     pub device: Device,
@@ -204,6 +207,9 @@ impl<'m, M: Gemma3Model> Trainer<'m, M> {
         // Absent when every parameter trains, as checkpoints made before the setting had it.
         if !self.cfg.train_only.is_empty() {
             f["train_only"] = serde_json::json!(self.cfg.train_only);
+        }
+        if !self.cfg.corpus_weights.is_empty() {
+            f["corpus_weights"] = serde_json::json!(self.cfg.corpus_weights);
         }
         f
     }

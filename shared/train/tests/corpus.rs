@@ -19,6 +19,7 @@ fn held_out_files_never_train() {
         held_out_prompts: 1000,
         held_out_percent: 25,
         prompts_per_file: 3,
+        weights: Vec::new(),
         seed: 1,
     };
     let encode = |t: &str| Ok::<_, String>(t.bytes().map(u32::from).collect());
@@ -71,6 +72,7 @@ fn jsonl_lines_are_whole_prompts_split_by_line() {
         held_out_prompts: 1000,
         held_out_percent: 30,
         prompts_per_file: 4,
+        weights: Vec::new(),
         seed: 3,
     };
     let encode = |t: &str| Ok::<_, String>(t.bytes().map(u32::from).collect());
@@ -95,4 +97,40 @@ fn jsonl_lines_are_whole_prompts_split_by_line() {
     std::fs::write(&file, "{\"text\": \"fine\"}\n{\"txt\": 1}\n").expect("write");
     let err = prompts(&[dir.path().to_path_buf()], &cfg, encode).expect_err("bad line");
     assert!(err.to_string().contains("asks.jsonl:2"), "{err}");
+}
+
+#[test]
+fn a_weighted_folder_gives_more_prompts_per_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for kind in ["docs", "prose"] {
+        std::fs::create_dir(dir.path().join(kind)).expect("mkdir");
+        for i in 0..10u8 {
+            let name = dir.path().join(kind).join(format!("{i}.txt"));
+            std::fs::write(&name, vec![b'a' + i; 80]).expect("write");
+        }
+    }
+    let docs = dir.path().join("docs");
+    let cfg = CorpusConfig {
+        prompt_tokens: 9,
+        bos: Some(2),
+        train_prompts: 1000,
+        held_out_prompts: 0,
+        held_out_percent: 0,
+        prompts_per_file: 2,
+        weights: vec![(docs.clone(), 3.0)],
+        seed: 4,
+    };
+    assert_eq!(cfg.room(&docs.join("1.txt")), 6);
+    assert_eq!(cfg.room(&dir.path().join("prose/1.txt")), 2);
+    let encode = |t: &str| Ok::<_, String>(t.bytes().map(u32::from).collect());
+    let p = prompts(&[dir.path().to_path_buf()], &cfg, encode).expect("prompts");
+    // Ten files of each kind, every file long enough for ten prompts: 6 per docs file, 2
+    // per prose file. Both kinds write the same bytes; the count tells them apart.
+    assert_eq!(p.train.len(), 10 * 6 + 10 * 2);
+    let unweighted = CorpusConfig {
+        weights: Vec::new(),
+        ..cfg
+    };
+    let q = prompts(&[dir.path().to_path_buf()], &unweighted, encode).expect("prompts");
+    assert_eq!(q.train.len(), 20 * 2);
 }

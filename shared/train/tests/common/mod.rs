@@ -76,6 +76,7 @@ pub fn train_config(steps: usize) -> TrainConfig {
         eval_stride: 1,
         checkpoint_every: 0,
         train_only: Vec::new(),
+        corpus_weights: Vec::new(),
         device: candle_core::Device::Cpu,
     }
 }
