@@ -39,6 +39,6 @@ pub use rows::{BuiltRows, TargetRows};
 pub use sampling::{
     argmax, distribution, distribution_of, Sampler, SamplingError, SamplingParams, SparseDist,
 };
-pub use schedule::{allocate, survivals, BatchPlan, Drafts, StepCosts, Unscheduled};
+pub use schedule::{allocate, survivals, BatchPlan, Drafts, Standing, StepCosts, Unscheduled};
 pub use snapshot::{PartSpec, SnapshotPart, SnapshotRows, SnapshotSpec, SnapshotSupport};
 pub use stopping::{Chunk, FinishReason, Output, StopConfig};

@@ -10,8 +10,9 @@
 //!
 //! On a target that pads every block of a step to the step's longest (a GPU's batched
 //! steps, [`StepCosts::padded`]) a step of `B` generations whose longest block has `L` rows
-//! costs `T(B · L)`: one long block makes every generation's rows long, so a draft is priced
-//! by the step shape it makes, not by its own rows.
+//! costs `T(B · L)`, `L` rounded up to the block lengths the target runs: one long block
+//! makes every generation's rows long, so a draft is priced by the step shape it makes, not
+//! by its own rows.
 
 /// Seconds of a target step by its rows, from a profile and refreshed by observed steps.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,8 +21,9 @@ pub struct StepCosts {
     points: Vec<(usize, f64)>,
     /// Weight an observed step gives its nearest point.
     learn: f64,
-    /// A step's rows are its generations times its longest block.
-    padded: bool,
+    /// Where the target pads: the block lengths its steps run, ascending (a step's rows are
+    /// its generations times the first that holds its longest block).
+    padded: Option<Vec<usize>>,
 }
 
 impl StepCosts {
@@ -38,23 +40,35 @@ impl StepCosts {
         (!p.is_empty()).then_some(Self {
             points: p,
             learn: 0.1,
-            padded: false,
+            padded: None,
         })
     }
 
-    /// The same costs for a target that pads every block of a step to the step's longest:
-    /// a step's rows, in its points and in the steps it observes, are then its generations
-    /// times its longest block.
-    pub fn padded(self) -> Self {
+    /// The same costs for a target that pads every block of a step to the first of
+    /// `blocks` (its block lengths, any order) that holds the step's longest (a longer block
+    /// keeps its length): a step's rows, in its points and in the steps it observes, are
+    /// then its generations times that length.
+    pub fn padded(self, blocks: &[usize]) -> Self {
+        let mut blocks = blocks.to_vec();
+        blocks.sort_unstable();
+        blocks.dedup();
         Self {
-            padded: true,
+            padded: Some(blocks),
             ..self
         }
     }
 
     /// Whether a step's rows count its padding ([`Self::padded`]).
     pub fn is_padded(&self) -> bool {
-        self.padded
+        self.padded.is_some()
+    }
+
+    /// The rows each block of a step whose longest block has `longest` tokens runs:
+    /// `longest` unless the target pads it to a longer block length.
+    pub fn block_rows(&self, longest: usize) -> usize {
+        let blocks = self.padded.as_deref().unwrap_or_default();
+        let i = blocks.partition_point(|b| *b < longest);
+        blocks.get(i).copied().unwrap_or(longest)
     }
 
     /// The measured points.
@@ -167,7 +181,7 @@ fn rate(sessions: &[Drafts], gamma: &[usize], others: &[Unscheduled], costs: &St
         draft += d.row_s.max(0.0) * *g as f64;
     }
     let rows = match costs.is_padded() {
-        true => blocks.len() * blocks.iter().max().copied().unwrap_or(0),
+        true => blocks.len() * costs.block_rows(blocks.iter().max().copied().unwrap_or(0)),
         false => blocks.iter().sum(),
     };
     expected / (costs.seconds(rows) + draft)
@@ -271,12 +285,12 @@ impl Totals {
     }
 
     /// The rows a step of this batch runs: its blocks' rows, or where the target pads them
-    /// its generations times its longest block.
+    /// its generations times its longest block as the target runs it.
     fn step_rows(&self, costs: &StepCosts) -> usize {
         match costs.is_padded() {
             true => {
                 let longest = self.blocks.iter().rposition(|n| *n > 0).unwrap_or(0);
-                self.sequences * longest
+                self.sequences * costs.block_rows(longest)
             }
             false => self.rows,
         }
@@ -293,11 +307,11 @@ pub fn allocate(sessions: &[Drafts], others: &[Unscheduled], costs: &StepCosts) 
     BatchPlan::new(sessions, others, costs).gamma
 }
 
-/// A batch's draft lengths and running totals, kept between the calls of its generations:
-/// built once ([`BatchPlan::new`]), then each generation that posts a new profile gets its
-/// best length beside the others' as they stand ([`BatchPlan::respond`], O(its slots)),
-/// so that a batch of many generations, each asking every round, allocates once a step
-/// rather than once a generation.
+/// A batch's draft lengths and running totals: built once a step ([`BatchPlan::new`]), then
+/// each generation that posts a new profile gets its best length beside the others' as
+/// planned ([`BatchPlan::answer`], O(its slots), read-only), so that a batch of many
+/// generations, each asking every round, allocates once a step rather than once a
+/// generation and its generations never wait for each other to ask.
 #[derive(Debug)]
 pub struct BatchPlan {
     profiles: Vec<Profile>,
@@ -351,18 +365,22 @@ impl BatchPlan {
         &self.gamma
     }
 
-    /// Takes generation `i`'s new profile and returns its best length beside the others'.
-    pub fn respond(&mut self, i: usize, drafts: &Drafts, costs: &StepCosts) -> usize {
-        self.set(i, 0);
-        self.profiles[i] = Profile::new(drafts);
-        self.improve(i, costs);
-        self.gamma[i]
-    }
-
-    /// Takes an unscheduled generation's change of block and expected tokens.
-    pub fn others_changed(&mut self, before: Unscheduled, after: Unscheduled) {
-        self.totals.leave(&before);
-        self.totals.join(&after);
+    /// The best length for a generation that asks with new `drafts`, beside the others'
+    /// lengths as planned; `standing` says where the plan counted it. The plan itself does
+    /// not change (O(its slots)), so that many generations may ask the same plan at once.
+    pub fn answer(&self, standing: Standing, drafts: &Drafts, costs: &StepCosts) -> usize {
+        let mut base = self.totals;
+        match standing {
+            Standing::Scheduled(i) if i < self.gamma.len() => {
+                base = base.moved(&self.profiles[i], self.gamma[i], 0);
+            }
+            Standing::Fixed(before) => {
+                base.leave(&before);
+                base.join(&Unscheduled::PLAIN);
+            }
+            Standing::Scheduled(_) | Standing::Absent => base.join(&Unscheduled::PLAIN),
+        }
+        best_move(&base, &Profile::new(drafts), 0, costs)
     }
 
     /// Generation `i`'s length set to `g`, the totals with it.
@@ -373,17 +391,35 @@ impl BatchPlan {
 
     /// Generation `i`'s length moved to the best for the batch, where a change pays.
     fn improve(&mut self, i: usize, costs: &StepCosts) {
-        let p = &self.profiles[i];
-        let rated = |g: usize| self.totals.moved(p, self.gamma[i], g).rate(costs);
-        let mut best = (rated(self.gamma[i]), self.gamma[i]);
-        for g in 0..=p.max() {
-            let r = rated(g);
-            if r > best.0 * (1.0 + 1e-12) {
-                best = (r, g);
-            }
-        }
-        self.set(i, best.1);
+        let g = best_move(&self.totals, &self.profiles[i], self.gamma[i], costs);
+        self.set(i, g);
     }
+}
+
+/// Where a generation that asks a [`BatchPlan`] stood when it was made.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Standing {
+    /// The plan scheduled it, `i`-th of the generations it was given.
+    Scheduled(usize),
+    /// The plan counted it among the others with this block.
+    Fixed(Unscheduled),
+    /// The plan did not count it (it joined since).
+    Absent,
+}
+
+/// The draft length for profile `p`, now drafting `from` in batch `t`, that gives the batch
+/// the most tokens per second (`from` unless another pays strictly more; ties go to the
+/// shorter).
+fn best_move(t: &Totals, p: &Profile, from: usize, costs: &StepCosts) -> usize {
+    let rated = |g: usize| t.moved(p, from, g).rate(costs);
+    let mut best = (rated(from), from);
+    for g in 0..=p.max() {
+        let r = rated(g);
+        if r > best.0 * (1.0 + 1e-12) {
+            best = (r, g);
+        }
+    }
+    best.1
 }
 
 #[cfg(test)]
@@ -468,22 +504,28 @@ mod tests {
     }
 
     #[test]
-    fn a_plan_answers_with_the_others_as_they_stand() {
+    fn a_plan_answers_beside_the_others_as_planned() {
         // Beside a plain generation a 0.5 draft pays (2.5 tokens for 1.2 against 2 for
         // 1.1); beside one whose fixed block of 8 rows yields 8 tokens it does not (9.5 for
-        // 8.5 against 9 for 8).
+        // 8.5 against 9 for 8); alone it does (1.5 for 1.1 against 1 for 1).
         let c = costs(&[(1, 1.0), (2, 1.1), (3, 1.2), (9, 8.0), (10, 8.5)]);
         let half = free(vec![vec![0.5]]);
-        let mut plan = BatchPlan::new(&half, &[Unscheduled::PLAIN], &c);
-        assert_eq!(plan.gammas(), &[1]);
+        let none = free(vec![vec![]]);
+        let beside_plain = BatchPlan::new(&none, &[Unscheduled::PLAIN], &c);
+        assert_eq!(beside_plain.gammas(), &[0]);
+        assert_eq!(beside_plain.answer(Standing::Scheduled(0), &half[0], &c), 1);
         let fixed = Unscheduled {
             rows: 8,
             expected: 8.0,
         };
-        plan.others_changed(Unscheduled::PLAIN, fixed);
-        assert_eq!(plan.respond(0, &half[0], &c), 0);
-        plan.others_changed(fixed, Unscheduled::PLAIN);
-        assert_eq!(plan.respond(0, &half[0], &c), 1);
+        let beside_fixed = BatchPlan::new(&half, &[fixed], &c);
+        assert_eq!(beside_fixed.gammas(), &[0]);
+        assert_eq!(beside_fixed.answer(Standing::Scheduled(0), &half[0], &c), 0);
+        // One the plan counted as that fixed block asks as if alone; one it did not know
+        // asks beside it.
+        let only_fixed = BatchPlan::new(&[], &[fixed], &c);
+        assert_eq!(only_fixed.answer(Standing::Fixed(fixed), &half[0], &c), 1);
+        assert_eq!(only_fixed.answer(Standing::Absent, &half[0], &c), 0);
     }
 
     #[test]
@@ -495,7 +537,7 @@ mod tests {
             .iter()
             .map(|r| (*r, 1.0 + 0.02 * *r as f64))
             .collect();
-        let (ragged, padded) = (costs(&line), costs(&line).padded());
+        let (ragged, padded) = (costs(&line), costs(&line).padded(&[]));
         let sure = free(vec![vec![0.9; 8]]);
         let eight = [Unscheduled::PLAIN; 8];
         assert_eq!(allocate(&sure, &eight, &ragged), vec![8]);
@@ -511,6 +553,23 @@ mod tests {
         }];
         let weak = free(vec![vec![0.2, 0.1]; 3]);
         assert_eq!(allocate(&weak, &fixed, &padded), vec![2; 3]);
+    }
+
+    #[test]
+    fn a_padded_step_runs_its_longest_block_at_the_targets_length() {
+        // Blocks run at 1, 2, 4 or 8 rows: a fourth draft surviving 0.5 pays for a 5-row
+        // block (9 tokens for 1.5 against 8 for 1.4), not for the 8 rows it runs (1.8).
+        let buckets = [1, 2, 4, 8];
+        let c = costs(&[(1, 1.05), (64, 1.0 + 0.05 * 64.0)]);
+        assert_eq!(
+            (1..=9)
+                .map(|m| c.clone().padded(&buckets).block_rows(m))
+                .collect::<Vec<_>>(),
+            vec![1, 2, 4, 4, 8, 8, 8, 8, 9]
+        );
+        let two = free(vec![vec![1.0, 1.0, 1.0, 0.5]; 2]);
+        assert_eq!(allocate(&two, &[], &c.clone().padded(&[])), vec![4, 4]);
+        assert_eq!(allocate(&two, &[], &c.padded(&buckets)), vec![3, 3]);
     }
 
     #[test]
@@ -555,7 +614,7 @@ mod tests {
             padded: bool,
         ) {
             let c = costs(&[(1, 1.0), (2, 1.0 + per_row), (64, 1.0 + 63.0 * per_row)]);
-            let c = if padded { c.padded() } else { c };
+            let c = if padded { c.padded(&[1, 2, 4, 8]) } else { c };
             let s: Vec<Drafts> = acc
                 .iter()
                 .map(|(a, d)| Drafts { survival: survivals(a), draft_s: *d, row_s: *d / 4.0 })
@@ -575,11 +634,11 @@ mod tests {
                     prop_assert!(rate(&s, &h, others, &c) <= best * (1.0 + 1e-9), "{g:?} vs {h:?}");
                 }
             }
-            let mut plan = BatchPlan::new(&s, others, &c);
+            let plan = BatchPlan::new(&s, others, &c);
             prop_assert_eq!(plan.gammas(), g.as_slice());
-            // A generation's new profile gets its best length beside the others' as they stand.
+            // A generation's new profile gets its best length beside the others' as planned.
             let fresh = Drafts { survival: survivals(&[0.9, 0.7, 0.5]), draft_s: 0.1, row_s: 0.02 };
-            let answer = plan.respond(0, &fresh, &c);
+            let answer = plan.answer(Standing::Scheduled(0), &fresh, &c);
             let mut t = s.clone();
             t[0] = fresh.clone();
             let mut h = g.clone();

@@ -32,7 +32,7 @@ pub use gemma3::{
     DeviceCache, DeviceGemma3, DeviceOptions, DeviceSlots, ForwardOptions, ForwardOutput, Gemma3,
     Gemma3Model, GemmaConfig, KvCache, LoadOptions, LogitsMode, Precision, RestrictedHead,
     RopeScaling, Segment, SequenceCache, SlotCache, SlotSegment, StepProfile, TargetHead, Weight,
-    MAX_BATCH, MAX_STEP_ROWS, SHARED_BLOCK, STEP_POSITIONS,
+    BLOCK_BUCKETS, MAX_BATCH, MAX_STEP_ROWS, SHARED_BLOCK, STEP_POSITIONS,
 };
 pub use gguf::inspect_gguf;
 pub use golden::{GoldenCase, GoldenFixture};

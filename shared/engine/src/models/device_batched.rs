@@ -18,7 +18,7 @@ use tandem_core::batching::StepObserver;
 use tandem_core::{SnapshotSpec, SnapshotSupport, StepCosts, TargetIdentity};
 use tandem_gemma::{
     bind_thread, DeviceBatch, DeviceGemma3, DeviceSlots, ForwardOptions, LogitsMode, SlotCache,
-    SlotSegment, TargetHead, MAX_STEP_ROWS,
+    SlotSegment, TargetHead, BLOCK_BUCKETS, MAX_STEP_ROWS,
 };
 
 use super::batched_sequence::BatchedSequence;
@@ -115,7 +115,7 @@ fn profile(batch: &mut DeviceBatch) -> Result<StepCosts> {
     }
     tracing::debug!(?points, "batched device step costs profiled");
     StepCosts::new(&points)
-        .map(StepCosts::padded)
+        .map(|c| c.padded(&BLOCK_BUCKETS))
         .ok_or_else(|| EngineError::Load("profiling batched steps measured no time".into()))
 }
 

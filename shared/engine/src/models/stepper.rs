@@ -278,12 +278,13 @@ impl<R: StepRunner> Stepper<R> {
                 })
                 .collect(),
         };
+        // Before the answers, while the generations wait for them: the draft scheduler
+        // plans the batch they ask about next (after them it raced 32 generations for the
+        // host's cores: 0.3–0.5 ms a step on an H100's host against 3–4 ms steps).
+        self.observers.report(&report);
         for (job, out) in ready.into_iter().zip(outs) {
             let _ = job.reply.send((job.cache, out));
         }
-        // After the answers: an observer (the draft scheduler) may wait on a lock that
-        // the generations take between steps.
-        self.observers.report(&report);
         Some(report.seconds)
     }
 }

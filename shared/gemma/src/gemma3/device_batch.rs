@@ -49,7 +49,7 @@ pub const MAX_BATCH: usize = 64;
 const BATCH_BUCKETS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
 /// Rows each block of a step has: blocks are padded to the first that holds the longest
 /// (9 is a verify block of the default γ = 8); longer blocks keep their length.
-const BLOCK_BUCKETS: [usize; 8] = [1, 2, 4, 8, 9, 12, 16, 32];
+pub const BLOCK_BUCKETS: [usize; 8] = [1, 2, 4, 8, 9, 12, 16, 32];
 /// Blocks of at most this many tokens share a step.
 pub const SHARED_BLOCK: usize = 16;
 

@@ -27,7 +27,9 @@ mod weights;
 pub use config::{GemmaConfig, RopeScaling};
 pub use convert::{export_hf, hf_config_json};
 pub use device::{DeviceGemma3, DeviceOptions};
-pub use device_batch::{padded_rows, DeviceBatch, SlotSegment, MAX_BATCH, SHARED_BLOCK};
+pub use device_batch::{
+    padded_rows, DeviceBatch, SlotSegment, BLOCK_BUCKETS, MAX_BATCH, SHARED_BLOCK,
+};
 pub use device_cache::DeviceCache;
 pub use device_slots::{DeviceSlots, SlotCache};
 pub use device_step::{MAX_STEP_ROWS, STEP_POSITIONS};
