@@ -22,6 +22,7 @@
 #                               same settings and STEPS as it started with; its samples
 #                               are made again, from the same seed)
 #   train-broad.sh wait SECS    wait up to SECS while the runs go on; print their logs' ends
+#                               (and, once they have ended, collect)
 #   train-broad.sh collect      copy the drafters and logs to $OUT
 #   train-broad.sh pack         stop the runs; run A's last checkpoint (drafter, optimizer
 #                               moments, step) as /tmp/w/state/state.tar.partNN of 15 MiB
@@ -48,6 +49,17 @@ data_flags() {
     --pregenerate --vocab-samples 4096 --seed 4 \
     --samples-per-step 32 --batch 1024 --warmup 50 --eval-every 250 --checkpoint-every 100 \
     --device cuda ${TRAIN_ONLY:+--train-only $TRAIN_ONLY} $WEIGHTS
+}
+
+# The drafters and logs of the runs, copied to $OUT.
+collect() {
+  for r in a b; do
+    [ -d "$W/$r" ] || continue
+    mkdir -p "$OUT/$r"
+    cp "$W/$r.log" "$OUT/$r/" 2>/dev/null || true
+    cp "$W/$r"/dspark.json "$W/$r"/model*.safetensors* "$OUT/$r/" 2>/dev/null || true
+  done
+  ls -lR "$OUT"
 }
 
 case "${1:-}" in
@@ -102,16 +114,11 @@ wait)
   while [ $SECONDS -lt $end ] && pgrep -f "tandem train-drafter" > /dev/null; do sleep 10; done
   for r in a b; do [ -f "$W/$r.log" ] || continue; echo "== $r"; grep -E "eval|samples|vocabulary|error|Error" "$W/$r.log" | tail -8; tail -2 "$W/$r.log"; done
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv
+  # Once the runs have ended, their drafters come back with this call: a machine released
+  # before a `collect` (idle for its release time) takes them with it.
+  pgrep -f "tandem train-drafter" > /dev/null || collect
   ;;
-collect)
-  for r in a b; do
-    [ -d "$W/$r" ] || continue
-    mkdir -p "$OUT/$r"
-    cp "$W/$r.log" "$OUT/$r/" 2>/dev/null || true
-    cp "$W/$r"/dspark.json "$W/$r"/model*.safetensors* "$OUT/$r/" 2>/dev/null || true
-  done
-  ls -lR "$OUT"
-  ;;
+collect) collect ;;
 pack)
   touch "$W/stop"
   pkill -f "tandem train-drafter" || true
