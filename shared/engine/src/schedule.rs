@@ -271,6 +271,42 @@ mod tests {
     }
 
     #[test]
+    fn generations_ask_while_the_stepper_plans() {
+        // Sixteen generations ask every round, each its own way, while steps plan the
+        // batch: no one waits for another, every answer is within what was posted, and
+        // every generation is counted once.
+        let s = scheduler();
+        let seats: Vec<Seat<'_>> = (0..16).map(|_| s.seat()).collect();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let stepper = scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    step(&s, 16, 0.09);
+                }
+            });
+            for (i, seat) in seats.iter().enumerate() {
+                scope.spawn(move || {
+                    for round in 0..300 {
+                        let survival = vec![0.95 - 0.05 * (i % 4) as f64; 1 + (i + round) % 8];
+                        let most = survival.len();
+                        if (i + round) % 5 == 0 {
+                            seat.fixed(round % 3, 1.0 + (round % 3) as f64);
+                            continue;
+                        }
+                        let (gamma, sessions) = seat.schedule(free(survival)).expect("shared");
+                        assert!(gamma <= most, "{gamma} > {most}");
+                        assert_eq!(sessions, 16);
+                    }
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            stop.store(true, Ordering::Relaxed);
+            stepper.join().expect("stepper");
+        });
+        assert_eq!(s.published().seats, 16);
+    }
+
+    #[test]
     fn steps_refresh_the_costs() {
         let s = scheduler();
         let before = s.costs().seconds(8);
