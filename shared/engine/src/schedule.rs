@@ -6,8 +6,8 @@
 //! alone keeps its own policy (which also weighs its drafting time). The step costs come
 //! from the target's start-up profile and are refreshed by every step it runs.
 //!
-//! The batch is planned once a step, on the stepper's thread after the step has answered
-//! (and when seats come or go), from what every seat last posted; a generation's question
+//! The batch is planned once a step, on the stepper's thread before it answers the step's
+//! forwards (and when seats come or go), from what every seat last posted; a generation's question
 //! is answered beside the others' planned lengths from the plan as published
 //! ([`BatchPlan::answer`], read-only). Generations never wait for each other: each posts
 //! to its own seat and reads the shared plan. (One lock for all of them, taken twice a
@@ -34,13 +34,12 @@ enum Claim {
 /// A seat's claim, written by its generation and read when the batch is planned.
 type Slot = Arc<Mutex<Claim>>;
 
-/// The batch as planned: the allocation, where each seat stood in it, the costs it used
-/// and how many seats there were.
+/// The batch as planned: the allocation, where each seat stood in it (one entry a seat)
+/// and the costs it used.
 struct Published {
     plan: BatchPlan,
     standing: BTreeMap<u64, Standing>,
     costs: StepCosts,
-    seats: usize,
 }
 
 impl Published {
@@ -65,7 +64,6 @@ impl Published {
             plan: BatchPlan::new(&profiles, &others, &costs),
             standing,
             costs,
-            seats: claims.len(),
         }
     }
 }
@@ -171,7 +169,7 @@ impl Seat<'_> {
         let p = self.scheduler.published();
         let standing = p.standing.get(&self.id).copied();
         // A seat the plan does not know joined since: one more than it counted.
-        let sessions = p.seats + usize::from(standing.is_none());
+        let sessions = p.standing.len() + usize::from(standing.is_none());
         if sessions < 2 {
             return None;
         }
@@ -303,7 +301,7 @@ mod tests {
             stop.store(true, Ordering::Relaxed);
             stepper.join().expect("stepper");
         });
-        assert_eq!(s.published().seats, 16);
+        assert_eq!(s.published().standing.len(), 16);
     }
 
     #[test]
