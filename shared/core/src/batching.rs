@@ -157,10 +157,26 @@ impl Pace {
     }
 }
 
+/// The size a step pads `n` to: the first of `sizes` (ascending) that holds it, `n` itself
+/// past the last. The one rule of a device's batch buckets and block lengths, and of the
+/// draft scheduler's pricing of them.
+pub fn bucket(sizes: &[usize], n: usize) -> usize {
+    let i = sizes.partition_point(|s| *s < n);
+    sizes.get(i).copied().unwrap_or(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::mpsc;
+
+    #[test]
+    fn a_size_pads_to_the_first_bucket_that_holds_it() {
+        let sizes = [1, 2, 4, 8, 9, 12];
+        let padded: Vec<usize> = (0..=14).map(|n| bucket(&sizes, n)).collect();
+        assert_eq!(padded, [1, 1, 2, 4, 4, 8, 8, 8, 8, 9, 12, 12, 12, 13, 14]);
+        assert_eq!(bucket(&[], 5), 5);
+    }
 
     struct Job(usize);
 

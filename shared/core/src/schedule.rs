@@ -66,9 +66,7 @@ impl StepCosts {
     /// The rows each block of a step whose longest block has `longest` tokens runs:
     /// `longest` unless the target pads it to a longer block length.
     pub fn block_rows(&self, longest: usize) -> usize {
-        let blocks = self.padded.as_deref().unwrap_or_default();
-        let i = blocks.partition_point(|b| *b < longest);
-        blocks.get(i).copied().unwrap_or(longest)
+        crate::batching::bucket(self.padded.as_deref().unwrap_or_default(), longest)
     }
 
     /// The measured points.

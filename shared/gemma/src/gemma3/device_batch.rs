@@ -32,6 +32,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};
 
 use candle_core::{DType, Device, Tensor};
+use tandem_core::batching::bucket;
 
 use super::device::DeviceGemma3;
 use super::device_frame::Store;
@@ -515,7 +516,7 @@ fn pick_rows(t: &Tensor, ids: &[u32]) -> Result<Tensor> {
 
 /// The rows a block of `m` tokens is padded to.
 fn block_rows(m: usize) -> usize {
-    BLOCK_BUCKETS.into_iter().find(|&r| r >= m).unwrap_or(m)
+    bucket(&BLOCK_BUCKETS, m)
 }
 
 /// The rows a step of blocks of these lengths runs with every block padded to its group's
@@ -530,7 +531,7 @@ pub fn padded_rows(lengths: &[usize]) -> usize {
 
 /// The sequences a step of `n` is padded to.
 fn batch_rows(n: usize) -> usize {
-    BATCH_BUCKETS.into_iter().find(|&b| b >= n).unwrap_or(n)
+    bucket(&BATCH_BUCKETS, n)
 }
 
 #[cfg(test)]
