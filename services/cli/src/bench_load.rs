@@ -138,6 +138,10 @@ pub struct Level {
     /// Wall time over batched steps: a step and the time between steps (host work).
     #[serde(default)]
     pub cycle_ms: f64,
+    /// Requests that decoded plainly because the batch's scheduler gave a newcomer no
+    /// draft when they joined, per request.
+    #[serde(default)]
+    pub shed_per_request: f64,
 }
 
 /// The whole run.
@@ -404,6 +408,7 @@ fn summarize(
         gather_ms: 1e3 * ratio(delta("tandem_batch_gather_seconds_sum"), steps),
         missed_per_step: ratio(delta("tandem_batch_missed_sessions_total"), steps),
         cycle_ms: 1e3 * ratio(wall_s, steps),
+        shed_per_request: ratio(delta("tandem_speculation_shed_total"), traces.len() as f64),
     }
 }
 
@@ -448,7 +453,7 @@ fn print_report(r: &LoadReport) {
         r.max_tokens, r.temperature, r.gamma, r.drafters, r.batching, r.prompts
     );
     println!(
-        "{:<9} {:>3} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6} {:>6} {:>6} {:>7} {:>5} {:>6} {:>7} {:>5} {:>6}",
+        "{:<9} {:>3} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6} {:>6} {:>6} {:>7} {:>5} {:>6} {:>7} {:>5} {:>6} {:>5}",
         "mode",
         "C",
         "agg tok/s",
@@ -467,11 +472,12 @@ fn print_report(r: &LoadReport) {
         "rpc ms",
         "gath ms",
         "miss",
-        "cyc ms"
+        "cyc ms",
+        "shed"
     );
     for l in &r.levels {
         println!(
-            "{:<9} {:>3} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>6.2} {:>6.1} {:>6.2} {:>7.2} {:>5.1} {:>6.2} {:>7.2} {:>5.2} {:>6.2}",
+            "{:<9} {:>3} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>6.2} {:>6.1} {:>6.2} {:>7.2} {:>5.1} {:>6.2} {:>7.2} {:>5.2} {:>6.2} {:>5.2}",
             format!("{:?}", l.mode).to_lowercase(),
             l.concurrency,
             l.aggregate_tok_s,
@@ -490,7 +496,8 @@ fn print_report(r: &LoadReport) {
             l.draft_rpc_ms,
             l.gather_ms,
             l.missed_per_step,
-            l.cycle_ms
+            l.cycle_ms,
+            l.shed_per_request
         );
     }
 }

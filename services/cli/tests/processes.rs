@@ -138,6 +138,10 @@ fn a_drafter_killed_mid_generation_is_replaced_without_the_client_noticing() {
         m["tandem_proposer_failures_total"], 0.0,
         "speculation never stopped"
     );
+    assert_eq!(
+        m["tandem_speculation_shed_total"], 0.0,
+        "a generation alone never sheds speculation"
+    );
     let survivor = scrape(drafters[1 - victim].metrics);
     assert_eq!(survivor["tandem_drafter_sessions_total"], 1.0);
     assert!(

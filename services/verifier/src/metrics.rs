@@ -89,6 +89,7 @@ pub struct VerifierMetrics {
     generated: Counter,
     prompt_tokens: Counter,
     proposer_failures: Counter,
+    shed: Counter,
     /// `[position][bucket]`: tokens reached (all before them accepted) and accepted.
     reached_by_conf: Vec<Vec<Counter>>,
     accepted_by_conf: Vec<Vec<Counter>>,
@@ -196,6 +197,12 @@ impl VerifierMetrics {
             proposer_failures: r.counter(
                 "tandem_proposer_failures_total",
                 "Generations that lost their drafter and went on without speculation.",
+                &[],
+            ),
+            shed: r.counter(
+                "tandem_speculation_shed_total",
+                "Generations that decoded plainly because, at the batch's load when they \
+                 joined, its draft scheduler gave a newcomer no draft.",
                 &[],
             ),
             reached_by_conf: by_conf(
@@ -366,6 +373,7 @@ impl VerifierMetrics {
         self.generated.increment(out.tokens.len() as u64);
         self.prompt_tokens.increment(out.prompt_tokens as u64);
         self.proposer_failures.increment(out.spec.proposer_failures);
+        self.shed.increment(out.spec.shed);
         self.e2e.record(e2e_s);
     }
 

@@ -13,9 +13,9 @@ use std::time::Instant;
 use candle_core::Tensor;
 use tandem_core::{
     accept_greedy, argmax, cut::cut_length, distribution, distribution_of, min_p_mask,
-    token_logprob, Chunk, DraftBlock, Drafts, ExpectedKept, FinishReason, GammaPolicy,
-    GammaPolicyConfig, History, LogitControls, Observed, Output, Proposer, Sampler, SamplingParams,
-    SnapshotSpec, TokenLogprob, Verdict,
+    token_logprob, Chunk, DraftBlock, ExpectedKept, FinishReason, GammaPolicy, GammaPolicyConfig,
+    History, LogitControls, Observed, Output, Proposer, Sampler, SamplingParams, SnapshotSpec,
+    TokenLogprob, Verdict,
 };
 use tandem_gemma::{argmax_rows, LogitsMode, TopRow};
 use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
@@ -189,8 +189,18 @@ impl<'e> Generation<'e> {
         let started = Instant::now();
         let (req, gamma) = (plan.request(), plan.gamma());
         let mut stats = SpecStats::default();
+        let seat = engine.scheduler.as_deref().map(DraftScheduler::seat);
+        let policy = match req.adaptive_gamma && proposer.is_some() && gamma > 0 {
+            true => Some(engine.starting_policy(&req.sampling, gamma)?),
+            false => None,
+        };
+        let shed = seat
+            .as_ref()
+            .zip(policy.as_ref())
+            .is_some_and(|(s, p)| s.sheds(p));
+        stats.shed = u64::from(shed);
         let drafting = match proposer {
-            Some(p) if gamma > 0 => Drafting::open(
+            Some(p) if gamma > 0 && !shed => Drafting::open(
                 p,
                 engine.model.as_ref(),
                 &req.sampling,
@@ -199,10 +209,7 @@ impl<'e> Generation<'e> {
             ),
             _ => None,
         };
-        let policy = match req.adaptive_gamma && drafting.is_some() {
-            true => Some(engine.starting_policy(&req.sampling, gamma)?),
-            false => None,
-        };
+        let policy = policy.filter(|_| drafting.is_some());
         let facts = engine.facts();
         Ok(Self {
             req,
@@ -217,7 +224,7 @@ impl<'e> Generation<'e> {
             drafting,
             gamma,
             policy,
-            seat: engine.scheduler.as_deref().map(DraftScheduler::seat),
+            seat,
             stats,
             timing: Timing::default(),
             started,
@@ -258,16 +265,7 @@ impl<'e> Generation<'e> {
             }
             return self.gamma;
         };
-        let scheduled = self.seat.as_ref().and_then(|seat| {
-            let draft_s = policy.draft_seconds(seat.one_row_s());
-            let row_s = policy.row_seconds();
-            let survival = policy.survival();
-            seat.schedule(Drafts {
-                survival,
-                draft_s,
-                row_s,
-            })
-        });
+        let scheduled = (self.seat.as_ref()).and_then(|seat| seat.schedule(seat.drafts(policy)));
         match scheduled {
             Some((0, sessions)) if policy.probe_due(sessions) => 1,
             Some((gamma, _)) => gamma,

@@ -4,7 +4,11 @@
 //! length that maximises the whole batch's expected tokens per second under the measured
 //! step costs; plain and fixed-γ ones declare the rows and tokens they bring. A generation
 //! alone keeps its own policy (which also weighs its drafting time). The step costs come
-//! from the target's start-up profile and are refreshed by every step it runs.
+//! from the target's start-up profile and are refreshed by every step it runs. An adaptive
+//! generation that joins a batch where not even drafts sure to be accepted would pay
+//! decodes plainly to its end ([`Seat::sheds`]): under that load the speculative path's
+//! costs on every round and step (snapshot rows, lookups, a question a round) pay for
+//! nothing.
 //!
 //! The batch is planned once a step, on the stepper's thread before it answers the step's
 //! forwards (and when seats come or go), from what every seat last posted; a generation's question
@@ -15,10 +19,10 @@
 //! for it, a quarter of the step.)
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use tandem_core::{BatchPlan, Drafts, Standing, StepCosts, Unscheduled};
+use tandem_core::{BatchPlan, Drafts, GammaPolicy, Standing, StepCosts, Unscheduled};
 
 use crate::models::{StepObserver, StepReport};
 
@@ -77,6 +81,8 @@ pub struct DraftScheduler {
     costs: Mutex<StepCosts>,
     /// The latest plan, read by every generation's question.
     published: RwLock<Arc<Published>>,
+    /// Whether the latest generation to join started without speculation ([`Seat::sheds`]).
+    shedding: AtomicBool,
 }
 
 impl DraftScheduler {
@@ -88,6 +94,7 @@ impl DraftScheduler {
             next: AtomicU64::new(0),
             costs: Mutex::new(costs),
             published: RwLock::new(Arc::new(published)),
+            shedding: AtomicBool::new(false),
         }
     }
 
@@ -178,6 +185,51 @@ impl Seat<'_> {
     }
 }
 
+impl Seat<'_> {
+    /// What an adaptive generation with `policy` brings the batch each round: the
+    /// survivals it expects and its drafting and per-row seconds.
+    pub fn drafts(&self, policy: &GammaPolicy) -> Drafts {
+        Drafts {
+            survival: policy.survival(),
+            draft_s: policy.draft_seconds(self.one_row_s()),
+            row_s: policy.row_seconds(),
+        }
+    }
+
+    /// Whether an adaptive generation joining the batch with `policy` (what generations
+    /// sampled the same way learnt of their drafter's costs) starts without speculation:
+    /// asked as for its first round with drafts certain to be accepted, the scheduler gives
+    /// it no draft beside the others — at this load no text could make drafting pay
+    /// (vLLM's `speculative_disable_by_batch_size`, at the batch size the measured step
+    /// costs give). It then decodes plainly to its end (no drafter session, no snapshot
+    /// rows, no lookup, no question a round), as each of those would cost every step of
+    /// the batch. Alone it never sheds. The first shed after admissions that were not, and
+    /// the reverse, are logged.
+    pub fn sheds(&self, policy: &GammaPolicy) -> bool {
+        let drafts = self.drafts(policy);
+        let certain = Drafts {
+            survival: vec![1.0; drafts.survival.len()],
+            ..drafts
+        };
+        let asked = self.schedule(certain);
+        let shed = matches!(asked, Some((0, _)));
+        // Counted as one plain row until its rounds say more, as any seat that comes.
+        self.fixed(0, 1.0);
+        let sessions = asked.map_or(1, |(_, n)| n);
+        if self.scheduler.shedding.swap(shed, Ordering::Relaxed) != shed {
+            match shed {
+                true => tracing::info!(
+                    sessions,
+                    "speculation shed: new generations decode plainly, at this load the \
+                     batch's scheduler would give a newcomer no draft, not even a sure one"
+                ),
+                false => tracing::info!(sessions, "speculation back for new generations"),
+            }
+        }
+        shed
+    }
+}
+
 impl Drop for Seat<'_> {
     fn drop(&mut self) {
         lock(&self.scheduler.seats).remove(&self.id);
@@ -237,6 +289,33 @@ mod tests {
         drop(crowd);
         drop(b);
         assert_eq!(a.schedule(free(vec![0.5, 0.25])), None);
+    }
+
+    #[test]
+    fn newcomers_shed_speculation_where_no_draft_could_pay() {
+        // A device's steps: 2 ms up to 32 rows, then dearer; blocks padded to a bucket.
+        let points = [(1, 0.002), (32, 0.0025), (64, 0.004), (512, 0.030)];
+        let costs = StepCosts::new(&points).expect("costs");
+        let s = DraftScheduler::new(costs.padded(&[1, 2, 4, 8, 16]));
+        let policy = GammaPolicy::new(tandem_core::GammaPolicyConfig::new(4)).expect("policy");
+        let first = s.seat();
+        // Alone a generation keeps its own policy.
+        assert!(!first.sheds(&policy));
+        // Beside one other, four sure drafts (every block padded to 8 rows) pay.
+        assert!(!s.seat().sheds(&policy));
+        let crowd: Vec<Seat<'_>> = (0..30).map(|_| s.seat()).collect();
+        crowd.iter().for_each(|c| c.fixed(0, 1.0));
+        step(&s, 32, 0.0025);
+        // Beside thirty-two plain generations, one block of 8 makes a step of 264 rows:
+        // even sure drafts do not pay, and the newcomer counts as one plain row.
+        let newcomer = s.seat();
+        assert!(newcomer.sheds(&policy));
+        step(&s, 33, 0.0026);
+        let standing = s.published().standing.get(&newcomer.id).copied();
+        assert_eq!(standing, Some(Standing::Fixed(Unscheduled::PLAIN)));
+        drop(crowd);
+        step(&s, 3, 0.002);
+        assert!(!s.seat().sheds(&policy), "the crowd gone, drafts pay again");
     }
 
     #[test]

@@ -48,6 +48,9 @@ pub struct SpecStats {
     pub verify_s: f64,
     /// Proposer calls that failed; the generation went on without speculation.
     pub proposer_failures: u64,
+    /// 1 when the generation started without speculation because the batch's scheduler
+    /// gave a newcomer no draft at its load (`Seat::sheds`).
+    pub shed: u64,
     /// Rounds that reported [`RoundStats::expected`].
     pub expected_rounds: u64,
     /// Draft tokens the token-wise rule keeps of those rounds' blocks in expectation.
