@@ -66,7 +66,9 @@ fn sampled_output_reproduces_under_a_seed() {
 
 #[test]
 fn adaptive_gamma_turns_a_useless_drafter_off_and_keeps_the_output() {
-    let drafter = random_drafter();
+    // The drafter's own lookup off too: its looked-up blocks are right where the text
+    // repeats itself, and this is about the rounds the model drafts.
+    let drafter = random_drafter().with_lookup(false);
     for prompt in &PROMPTS[..4] {
         let reference = reference(prompt, NEW_TOKENS);
         let plain = &reference[reference.len() - NEW_TOKENS..];
