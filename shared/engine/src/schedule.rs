@@ -183,9 +183,7 @@ impl Seat<'_> {
         let standing = standing.unwrap_or(Standing::Absent);
         Some((p.plan.answer(standing, &drafts, &p.costs), sessions))
     }
-}
 
-impl Seat<'_> {
     /// What an adaptive generation with `policy` brings the batch each round: the
     /// survivals it expects and its drafting and per-row seconds.
     pub fn drafts(&self, policy: &GammaPolicy) -> Drafts {
