@@ -276,6 +276,18 @@ impl Verification {
             Self::Block => None,
         }
     }
+
+    /// The uniform [`Self::accept_in_order`] draws an empty draft's token with (a plain
+    /// round's): token-wise the sampler's next, seeded the one keyed by `first`; `None`
+    /// for block verification. Token-wise it is taken from `rng`: a round whose token is
+    /// drawn with it elsewhere (in its target's step) does not also run the rule.
+    pub fn plain_uniform(self, rng: &mut Sampler, first: usize) -> Option<f64> {
+        match self {
+            Self::Token => Some(rng.uniform()),
+            Self::Seeded => Some(keyed_uniform(rng.params().seed, first as u64)),
+            Self::Block => None,
+        }
+    }
 }
 
 impl std::str::FromStr for Verification {
@@ -485,6 +497,28 @@ pub(crate) mod tests {
                 assert!((full - fast).abs() < 1e-9, "w {w}: {full} vs {fast}");
             }
         }
+    }
+
+    /// A plain round drawn with [`Verification::plain_uniform`] elsewhere chooses the
+    /// token the rule would, and leaves the sampler where the rule would.
+    #[test]
+    fn a_plain_rounds_uniform_is_the_rules() {
+        let p = dist(&[0.1, 0.2, 0.3, 0.4]);
+        for rule in [Verification::Token, Verification::Seeded] {
+            for (seed, first) in (0..50).zip(3..) {
+                let (mut ruled, mut drawn) = (sampler(seed), sampler(seed));
+                let mut rows = BuiltRows::new(|_| p.clone());
+                let want = rule.accept_in_order(&[], &[], &mut rows, &mut ruled, first);
+                let u = rule.plain_uniform(&mut drawn, first).expect("a uniform");
+                let got = Verdict {
+                    accepted: 0,
+                    next: p.draw(u),
+                };
+                assert_eq!(Some(got), want, "{rule:?} seed {seed}");
+                assert_eq!(drawn.uniform(), ruled.uniform(), "{rule:?} seed {seed}");
+            }
+        }
+        assert_eq!(Verification::Block.plain_uniform(&mut sampler(0), 0), None);
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub struct StepReport {
     pub waited: f64,
     /// Live sessions the step went without when it started (still at work after its wait).
     pub missed: usize,
+    /// Plain sampled rounds whose token the step drew (a device target's batched steps).
+    pub drawn: usize,
 }
 
 /// Receives every step's [`StepReport`].

@@ -226,6 +226,7 @@ impl Steps {
             seconds: t0.elapsed().as_secs_f64(),
             waited: gathered.waited,
             missed: gathered.missed,
+            drawn: 0,
         };
         self.observers.report(&report);
         for ((job, sampler), block) in step.into_iter().zip(samplers).zip(blocks) {

@@ -8,6 +8,11 @@
 //! host's distribution with the same uniform (cumulative probability in id order), up to
 //! float rounding: the two differ only where the uniform lies within rounding of a boundary
 //! between two tokens, so the output is distributed exactly as the target's either way.
+//!
+//! A plain round's single draw can also be made in the batched step that ran it
+//! ([`draw_last_rows`]): the step's sampled rows reduced together and copied twice for all
+//! of them, instead of each generation reducing its row and copying from its own thread,
+//! where every copy waits behind the step the stepper has queued since.
 
 use std::collections::HashMap;
 
@@ -22,6 +27,16 @@ pub(crate) const CHUNK: usize = 1024;
 /// leave up to about 1e-7 of a residual that is truly empty, and a rejection whose
 /// residual is smaller than this happens less than once in a million rounds.
 const EMPTY_RESIDUAL: f64 = 1e-6;
+
+/// A plain sampled round's draw, made where its row is: the token the uniform `u` lands on
+/// in the row's distribution at `temperature` alone, as [`DeviceRows`] draws it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Draw {
+    /// The row's temperature (> 0).
+    pub temperature: f32,
+    /// The uniform in `[0, 1)` the draw walks to.
+    pub u: f64,
+}
 
 /// The rows of a `[rows, vocab]` f32 logits tensor at one temperature, each reduced when a
 /// rule first reaches it. Errors of the device are kept ([`DeviceRows::finish`]); until
@@ -49,7 +64,7 @@ impl<'a> DeviceRows<'a> {
     pub(crate) fn new(logits: &'a Tensor, temperature: f32) -> Self {
         Self {
             logits,
-            scale: 1.0 / temperature as f64,
+            scale: scale(temperature),
             current: None,
             failed: None,
         }
@@ -155,10 +170,13 @@ impl TargetRows for DeviceRows<'_> {
 /// Whether a sampled round with these logits and parameters is served by [`DeviceRows`]:
 /// logits off the host, temperature alone.
 pub(crate) fn reduces_on_device(logits: &Tensor, params: &tandem_core::SamplingParams) -> bool {
-    !matches!(logits.device(), Device::Cpu)
-        && !params.is_greedy()
-        && params.top_k.is_none()
-        && params.top_p >= 1.0
+    !matches!(logits.device(), Device::Cpu) && reducible(params)
+}
+
+/// Whether rows sampled with `params` can be reduced (and drawn from) where they are:
+/// temperature alone.
+pub(crate) fn reducible(params: &tandem_core::SamplingParams) -> bool {
+    !params.is_greedy() && params.top_k.is_none() && params.top_p >= 1.0
 }
 
 impl Row {
@@ -171,9 +189,93 @@ impl Row {
         mass: impl Fn(u32, f64) -> f64,
     ) -> candle_core::Result<u32> {
         let within = self.weights.get(chunk)?.to_vec1::<f32>()?;
-        let first = (chunk * CHUNK) as u32;
-        let masses = (within.iter().zip(first..)).map(|(w, id)| mass(id, *w as f64));
-        Ok(first + walk_from(before, masses, target) as u32)
+        Ok(land(chunk, &within, before, target, mass))
+    }
+}
+
+/// The token a walk to `target` lands on within chunk `chunk` of weights `within`, `before`
+/// the mass of the chunks before it, each token weighing `mass(id, weight)`.
+fn land(
+    chunk: usize,
+    within: &[f32],
+    before: f64,
+    target: f64,
+    mass: impl Fn(u32, f64) -> f64,
+) -> u32 {
+    let first = (chunk * CHUNK) as u32;
+    let masses = (within.iter().zip(first..)).map(|(w, id)| mass(id, *w as f64));
+    first + walk_from(before, masses, target) as u32
+}
+
+/// The tokens `draws` land on, each in the last row of its `[rows, vocab]` f32 logits (all
+/// on one device): the rows reduced together, then one copy of all their chunk sums and
+/// one of the chunks the draws land in. Each is the token [`DeviceRows`] draws from that
+/// row with the same uniform.
+pub(crate) fn draw_last_rows(draws: &[(&Tensor, Draw)]) -> candle_core::Result<Vec<u32>> {
+    if draws.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = (draws.iter())
+        .map(|(logits, _)| logits.narrow(0, logits.dim(0)? - 1, 1))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let scales: Vec<f64> = draws.iter().map(|(_, d)| scale(d.temperature)).collect();
+    let reduced = Reduced::new(&Tensor::cat(&rows, 0)?, &scales)?;
+    let landings: Vec<((usize, f64), f64)> = (draws.iter().zip(&reduced.sums))
+        .map(|((_, d), sums)| {
+            let target = d.u * sums.iter().sum::<f64>();
+            (chunk_at(sums, target), target)
+        })
+        .collect();
+    let within = reduced.chunks(landings.iter().map(|((chunk, _), _)| *chunk))?;
+    Ok((landings.iter().zip(&within))
+        .map(|(((chunk, before), target), w)| land(*chunk, w, *before, *target, |_, w| w))
+        .collect())
+}
+
+/// `1/T`, as a row is reduced at.
+fn scale(temperature: f32) -> f64 {
+    1.0 / temperature as f64
+}
+
+/// Rows of logits reduced at their scales (`1/T`): the weights `e^{(x − max)·scale}` in
+/// chunks of [`CHUNK`] (zero past the vocabulary) and each chunk's sum, copied.
+struct Reduced {
+    /// `[rows, chunks, CHUNK]`.
+    weights: Tensor,
+    /// Per row, each chunk's sum.
+    sums: Vec<Vec<f64>>,
+}
+
+impl Reduced {
+    /// `[rows, vocab]` f32 logits `x`, row `i` at `scales[i]`.
+    fn new(x: &Tensor, scales: &[f64]) -> candle_core::Result<Self> {
+        let (rows, vocab) = x.dims2()?;
+        let scales: Vec<f32> = scales.iter().map(|s| *s as f32).collect();
+        let scales = Tensor::from_vec(scales, (rows, 1), x.device())?;
+        let w = (x.broadcast_sub(&x.max_keepdim(1)?)?)
+            .broadcast_mul(&scales)?
+            .exp()?;
+        let chunks = vocab.div_ceil(CHUNK);
+        let weights = w
+            .pad_with_zeros(1, 0, chunks * CHUNK - vocab)?
+            .reshape((rows, chunks, CHUNK))?;
+        let sums = (weights.sum(2)?.to_vec2::<f32>()?.into_iter())
+            .map(|row| row.into_iter().map(f64::from).collect())
+            .collect();
+        Ok(Self { weights, sums })
+    }
+
+    /// Chunk `at[i]` of each row `i`, copied.
+    fn chunks(&self, at: impl Iterator<Item = usize>) -> candle_core::Result<Vec<Vec<f32>>> {
+        let (rows, chunks, _) = self.weights.dims3()?;
+        let ids: Vec<u32> = at
+            .enumerate()
+            .map(|(row, chunk)| (row * chunks + chunk) as u32)
+            .collect();
+        let ids = Tensor::from_vec(ids, rows, self.weights.device())?;
+        (self.weights.reshape((rows * chunks, CHUNK))?)
+            .index_select(&ids, 0)?
+            .to_vec2::<f32>()
     }
 }
 
@@ -185,23 +287,14 @@ fn chunk_at(chunks: &[f64], target: f64) -> (usize, f64) {
 
 /// Row `index` of `logits` reduced at `scale` = 1/T.
 fn reduce(logits: &Tensor, index: usize, scale: f64) -> candle_core::Result<Row> {
-    let x = logits.get(index)?;
-    let vocab = x.dim(0)?;
-    let max = x.max_keepdim(0)?;
-    let w = x.broadcast_sub(&max)?.affine(scale, 0.0)?.exp()?;
-    let chunks = vocab.div_ceil(CHUNK);
-    let weights = w
-        .pad_with_zeros(0, 0, chunks * CHUNK - vocab)?
-        .reshape((chunks, CHUNK))?;
-    let sums = weights.sum(1)?.to_vec1::<f32>()?;
-    let sums: Vec<f64> = sums.into_iter().map(f64::from).collect();
-    let total = sums.iter().sum();
+    let Reduced { weights, mut sums } = Reduced::new(&logits.narrow(0, index, 1)?, &[scale])?;
+    let sums = sums.pop().expect("one row");
     Ok(Row {
         index,
-        vocab,
-        weights,
+        vocab: logits.dim(1)?,
+        weights: weights.get(0)?,
+        total: sums.iter().sum(),
         sums,
-        total,
     })
 }
 

@@ -156,3 +156,30 @@ fn only_sampling_at_a_temperature_alone_off_the_host_is_reduced() {
     let logits = Tensor::zeros((1, 8), candle_core::DType::F32, &Device::Cpu).expect("t");
     assert!(!reduces_on_device(&logits, &params(0.7)), "host logits");
 }
+
+/// A step's draws made together are the draws each row's [`DeviceRows`] makes with the same
+/// uniform, at mixed temperatures, each from the last row of its generation's logits.
+#[test]
+fn draws_made_together_are_each_rows_own() {
+    let temps = [0.7f32, 0.7, 1.0, 0.3];
+    let blocks: Vec<Tensor> = (0..temps.len())
+        .map(|i| Tensor::new(logit_rows(30 + i as u64, 1 + i % 2), &Device::Cpu))
+        .collect::<candle_core::Result<_>>()
+        .expect("logits");
+    let mut lcg = Lcg::new(9);
+    for _ in 0..200 {
+        let draws: Vec<(&Tensor, Draw)> = (blocks.iter().zip(temps))
+            .map(|(logits, temperature)| {
+                let u = lcg.next() as f64;
+                (logits, Draw { temperature, u })
+            })
+            .collect();
+        let together = draw_last_rows(&draws).expect("draws");
+        for ((logits, d), got) in draws.iter().zip(together) {
+            let mut own = DeviceRows::new(logits, d.temperature);
+            let last = logits.dim(0).expect("rows") - 1;
+            assert_eq!(got, own.draw(last, d.u), "{d:?}");
+        }
+    }
+    assert!(draw_last_rows(&[]).expect("none").is_empty());
+}

@@ -22,7 +22,7 @@ use tandem_tokenizer::{GemmaTokenizer, StreamDecoder};
 
 use crate::drafting::{Adaptive, Drafting};
 use crate::error::{EngineError, Result};
-use crate::fetch::{accept_fetching, fetches};
+use crate::fetch::{accept_fetching, fetches, plain_draw};
 use crate::memory::PolicyMemory;
 use crate::models::{Target, TargetFacts, TargetSequence, TargetStep};
 use crate::plan::Plan;
@@ -284,8 +284,11 @@ impl<'e> Generation<'e> {
         let gamma = self.choose_gamma().min(room);
         match (&mut self.drafting, gamma) {
             (Some(d), 1..) => {
-                // Steps shared with other generations go on without this one meanwhile.
-                self.cache.step_aside();
+                // Steps shared with other generations wait for a draft expected within
+                // their wait for late forwards, and go on without this one otherwise.
+                let expected = (self.policy.as_ref().zip(self.seat.as_ref()))
+                    .map(|(p, seat)| p.draft_seconds(seat.one_row_s()));
+                self.cache.step_aside(expected);
                 d.propose(anchor, n, gamma, self.vocab)
             }
             _ => Ok(DraftBlock::default()),
@@ -297,6 +300,41 @@ impl<'e> Generation<'e> {
         let none = SnapshotSpec::default();
         let spec = self.drafting.as_ref().map_or(&none, |d| d.spec());
         self.cache.forward(tokens, pos, logits, spec)
+    }
+
+    /// A round's forward of `block` at `n`; a plain round whose target draws in its shared
+    /// steps gets its token drawn there ([`plain_draw`]), as its rule would draw it.
+    fn forward_round(
+        &mut self,
+        block: &[u32],
+        n: usize,
+        mode: LogitsMode,
+        full: bool,
+    ) -> Result<TargetStep> {
+        let first = self.history.generated();
+        let draw = (block.len() == 1 && self.cache.draws_in_steps())
+            .then(|| {
+                plain_draw(
+                    self.req.verification,
+                    &self.controls,
+                    &mut self.sampler,
+                    first,
+                    full,
+                )
+            })
+            .flatten();
+        let Some(draw) = draw else {
+            return self.forward(block, n, mode);
+        };
+        let none = SnapshotSpec::default();
+        let spec = self.drafting.as_ref().map_or(&none, |d| d.spec());
+        let out = self.cache.forward_drawn(block, n, draw, spec)?;
+        match out.drawn {
+            Some(_) => Ok(out),
+            None => Err(EngineError::InvalidRequest(
+                "the target drew no token".into(),
+            )),
+        }
     }
 
     /// Runs the prompt and chooses the first token.
@@ -359,7 +397,7 @@ impl<'e> Generation<'e> {
             (false, false, Some(k)) => LogitsMode::Top(k),
             (false, false, None) => LogitsMode::All,
         };
-        let out = self.forward(&block, n, mode)?;
+        let out = self.forward_round(&block, n, mode, full)?;
         let t_verdict = Instant::now();
         let (verdict, expected) = self.verify(&out, &draft)?;
         if let Some(p) = self.policy.as_mut() {
@@ -431,6 +469,9 @@ impl<'e> Generation<'e> {
         out: &TargetStep,
         draft: &DraftBlock,
     ) -> Result<(Verdict, Option<ExpectedKept>)> {
+        if let Some(next) = out.drawn {
+            return Ok((Verdict { accepted: 0, next }, None));
+        }
         let rows = draft.tokens.len() + 1;
         let sampling = self.req.sampling;
         if let Some(top) = &out.top {

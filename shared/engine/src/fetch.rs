@@ -3,16 +3,18 @@
 //! first rejection, so a γ = 8 round copies τ of its 9 rows of 262,144 logits (1 MB each)
 //! instead of all of them; on an H100 a sampled verify round took 7.2 ms against 1.3 ms
 //! greedy, most of it copying and cloning full rows. Sampling at a temperature alone, a
-//! row on a device is not copied at all: [`DeviceRows`] reduces it where it is.
+//! row on a device is not copied at all: [`DeviceRows`] reduces it where it is, or for a
+//! plain round on a target that draws in its shared steps, the step draws ([`plain_draw`]).
 
 use std::sync::Mutex;
 
 use candle_core::Tensor;
 use tandem_core::{
-    distribution, DraftBlock, ExpectedKept, Sampler, SparseDist, Verdict, Verification,
+    distribution, DraftBlock, ExpectedKept, LogitControls, Sampler, SparseDist, Verdict,
+    Verification,
 };
 
-use crate::device_rows::{reduces_on_device, DeviceRows};
+use crate::device_rows::{reduces_on_device, reducible, DeviceRows, Draw};
 use crate::error::Result;
 
 /// Whether [`accept_fetching`] serves a sampled round under `verification`: a rule that
@@ -20,6 +22,30 @@ use crate::error::Result;
 /// several threads).
 pub(crate) fn fetches(verification: Verification) -> bool {
     verification != Verification::Block
+}
+
+/// The draw a plain round (an empty draft) asks of a target that draws in its shared
+/// steps, where the round's rule would reduce its row on the device and draw from it: a
+/// temperature alone, no logit controls, no log-probabilities (`full`: the round wants
+/// every logit as it is), a rule that reads rows in order. The uniform is the rule's
+/// (taken from `sampler` token-wise); `first` is the generation's output length.
+pub(crate) fn plain_draw(
+    verification: Verification,
+    controls: &LogitControls,
+    sampler: &mut Sampler,
+    first: usize,
+    full: bool,
+) -> Option<Draw> {
+    let params = *sampler.params();
+    let ruled = !full && !controls.is_active(params.temperature) && fetches(verification);
+    if !(ruled && reducible(&params)) {
+        return None;
+    }
+    let u = verification.plain_uniform(sampler, first)?;
+    Some(Draw {
+        temperature: params.temperature,
+        u,
+    })
 }
 
 /// `verification`'s verdict on `draft` against the rows of `logits`,

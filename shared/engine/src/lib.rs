@@ -24,7 +24,7 @@ pub use engine::{Engine, Outcome, Sink, Update};
 pub use error::{EngineError, Result};
 pub use load::{model_type, Placement, TargetFiles};
 pub use models::{
-    BatchLimits, BatchedDeviceGemma3, BatchedGemma3, Gemma4Target, StepObserver, StepReport,
+    BatchLimits, BatchedDeviceGemma3, BatchedGemma3, Draw, Gemma4Target, StepObserver, StepReport,
     Target, TargetFacts, TargetSequence, TargetStep,
 };
 pub use plan::{drafting_gamma, Plan};

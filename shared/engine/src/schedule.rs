@@ -263,6 +263,7 @@ mod tests {
             seconds,
             waited: 0.0,
             missed: 0,
+            drawn: 0,
         });
     }
 

@@ -4,7 +4,8 @@
 //! speculative, fixed γ and scheduled — while sessions of different lengths join and leave
 //! mid-run; the steps really held several sessions. The device target's batched steps
 //! (slots of a KV pool; here on candle's CPU backend in f32) do the same against the device
-//! target run unbatched, with more generations than slots.
+//! target run unbatched, with more generations than slots; plain rounds sampled at a
+//! temperature alone have their tokens drawn by the device's steps.
 
 mod common;
 
@@ -29,6 +30,7 @@ struct Steps {
     most_rows: AtomicUsize,
     rows: Mutex<Vec<usize>>,
     unbatched: AtomicUsize,
+    drawn: AtomicUsize,
 }
 
 impl StepObserver for Steps {
@@ -38,6 +40,7 @@ impl StepObserver for Steps {
             .fetch_max(r.sequences, Ordering::Relaxed);
         self.most_rows.fetch_max(r.rows, Ordering::Relaxed);
         self.rows.lock().expect("rows").push(r.rows);
+        self.drawn.fetch_add(r.drawn, Ordering::Relaxed);
     }
 
     fn unbatched(&self) {
@@ -183,4 +186,46 @@ fn batched_device_generations_equal_their_unbatched_runs() {
     let most = steps.most_sequences.load(Ordering::Relaxed);
     assert!(most >= 2, "no step held two sessions (most {most})");
     assert_eq!(steps.unbatched.load(Ordering::Relaxed), 2, "two ran alone");
+}
+
+/// Plain generations sampled at a temperature alone (token-wise and seeded) on the device
+/// target's batched steps, which draw their tokens (every row's reduced together), emit
+/// what each emits alone.
+#[test]
+fn batched_device_steps_draw_plain_sampled_tokens() {
+    let files = TargetFiles {
+        model: real_gguf(),
+        tokenizer: real_tokenizer(),
+    };
+    let placement = Placement::Device(DeviceOptions::new(Device::Cpu, DType::F32));
+    let alone = Engine::load(&files, &placement).expect("the device target");
+    let limits = BatchLimits {
+        slots: 4,
+        prefill_chunk: 8,
+        ..BatchLimits::default()
+    };
+    let batched =
+        Engine::load_batched(&files, &placement, Some(limits)).expect("the batched target");
+    let steps = Arc::new(Steps::default());
+    assert!(batched.model().observe_steps(steps.clone()));
+    let jobs: Vec<Job> = (0..3)
+        .map(|i| {
+            let mut req = request(PROMPTS[i], 10, 0);
+            req.sampling = SamplingParams {
+                temperature: [0.7, 1.0, 0.9][i],
+                seed: 77 + i as u64,
+                ..SamplingParams::default()
+            };
+            req.verification = [Verification::Token, Verification::Seeded][i % 2];
+            Job { req, oracle: None }
+        })
+        .collect();
+    let want: Vec<Vec<u32>> = jobs.iter().map(|j| tokens(&alone, j)).collect();
+    let got = concurrently(&batched, &jobs);
+    assert_eq!(got, want, "drawn in the steps as each draws alone");
+    assert_eq!(steps.unbatched.load(Ordering::Relaxed), 0);
+    // Every token after a generation's first comes from a plain round its step drew.
+    let drawn = steps.drawn.load(Ordering::Relaxed);
+    assert_eq!(drawn, 3 * 9, "tokens drawn by the steps");
+    assert!(steps.most_sequences.load(Ordering::Relaxed) >= 2);
 }

@@ -113,6 +113,7 @@ impl TargetSequence for Sequence {
             logits: Some(logits),
             top: None,
             snapshot,
+            drawn: None,
         })
     }
     fn len(&self) -> usize {

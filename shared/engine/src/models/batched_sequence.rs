@@ -2,21 +2,28 @@
 //! [`super::BatchedDeviceGemma3`]): its cache, lent to the stepper for each forward. A
 //! prompt goes a chunk per step, so that it shares steps with other generations' blocks.
 //! A sequence counts among those the stepper waits for ([`Steps::alive`]) from its start
-//! to its end, except while it has stepped aside (its generation asks a proposer): a step
-//! waiting for a draft that takes longer than the step would delay every other sequence.
+//! to its end, except while it has stepped aside: its generation asks a proposer for
+//! longer than a step waits for late forwards ([`Steps::late_wait`]), and a step waiting
+//! for that draft would delay every other sequence. A draft expected within that wait
+//! keeps the sequence counted: the step waits for it rather than run without it (which
+//! on a CPU target also gives the drafter the cores the step would share with it, and
+//! costs the generation a whole step).
 
 use std::sync::atomic::Ordering;
 
 use tandem_core::SnapshotSpec;
-use tandem_gemma::{ForwardOptions, ForwardOutput, GemmaError, KvCache, LogitsMode, SlotCache};
+use tandem_gemma::{ForwardOptions, GemmaError, KvCache, LogitsMode, SlotCache};
 
 use super::gemma3::{forward_options, interleave};
-use super::stepper::Steps;
-use super::{TargetSequence, TargetStep};
+use super::stepper::{Stepped, Steps};
+use super::{Draw, TargetSequence, TargetStep};
 use crate::error::{EngineError, Result};
 
 /// A cache a batched sequence lends its stepper.
 pub(super) trait BatchCache: Send + 'static {
+    /// Whether the stepper of sequences in such caches makes a plain sampled round's draw
+    /// ([`TargetSequence::draws_in_steps`]): where the logits stay on a device.
+    const DRAWS_IN_STEPS: bool;
     /// Committed positions.
     fn len(&self) -> usize;
     /// Rolls back to the first `len` positions.
@@ -24,6 +31,8 @@ pub(super) trait BatchCache: Send + 'static {
 }
 
 impl BatchCache for KvCache {
+    const DRAWS_IN_STEPS: bool = false;
+
     fn len(&self) -> usize {
         KvCache::len(self)
     }
@@ -34,6 +43,8 @@ impl BatchCache for KvCache {
 }
 
 impl BatchCache for SlotCache {
+    const DRAWS_IN_STEPS: bool = true;
+
     fn len(&self) -> usize {
         SlotCache::len(self)
     }
@@ -79,25 +90,30 @@ fn lost_cache() -> EngineError {
 }
 
 impl<C: BatchCache> BatchedSequence<'_, C> {
-    /// One step's forward of `tokens` at `pos`.
-    fn step(&mut self, tokens: &[u32], pos: usize, opts: ForwardOptions) -> Result<ForwardOutput> {
+    /// One step's forward of `tokens` at `pos` (with a draw from its last row, if any).
+    fn step(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        asked: (ForwardOptions, Option<Draw>),
+    ) -> Result<Stepped> {
         let cache = self.cache.take().ok_or_else(lost_cache)?;
         if std::mem::take(&mut self.away) {
             self.steps.alive.fetch_add(1, Ordering::AcqRel);
         }
-        let (cache, out) = self.steps.submit(tokens, pos, cache, opts);
+        let (cache, out) = self.steps.submit(tokens, pos, cache, asked);
         self.cache = cache;
         Ok(out?)
     }
-}
 
-impl<C: BatchCache> TargetSequence for BatchedSequence<'_, C> {
-    fn forward(
+    /// [`TargetSequence::forward`], with `draw` made from the last row by the stepper.
+    fn forward_with(
         &mut self,
         tokens: &[u32],
         pos: usize,
         logits: LogitsMode,
         spec: &SnapshotSpec,
+        draw: Option<Draw>,
     ) -> Result<TargetStep> {
         let opts = forward_options(logits, spec)?;
         // Prompts (only the last row's logits, or none) go a chunk per step; a block that
@@ -116,21 +132,31 @@ impl<C: BatchCache> TargetSequence for BatchedSequence<'_, C> {
             logits: None,
             top: None,
             snapshot: Vec::new(),
+            drawn: None,
         };
         for (i, part) in parts.iter().enumerate() {
+            let last = i + 1 == parts.len();
             let opts = ForwardOptions {
-                logits: if i + 1 == parts.len() {
-                    logits
-                } else {
-                    LogitsMode::None
-                },
+                logits: if last { logits } else { LogitsMode::None },
                 taps: opts.taps.clone(),
             };
-            let out = self.step(part, pos + i * chunk, opts)?;
+            let (out, drawn) = self.step(part, pos + i * chunk, (opts, draw.filter(|_| last)))?;
             step.snapshot.extend(interleave(&out.taps, part.len())?);
-            (step.logits, step.top) = (out.logits, out.top);
+            (step.logits, step.top, step.drawn) = (out.logits, out.top, drawn);
         }
         Ok(step)
+    }
+}
+
+impl<C: BatchCache> TargetSequence for BatchedSequence<'_, C> {
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        logits: LogitsMode,
+        spec: &SnapshotSpec,
+    ) -> Result<TargetStep> {
+        self.forward_with(tokens, pos, logits, spec, None)
     }
 
     fn len(&self) -> usize {
@@ -145,7 +171,24 @@ impl<C: BatchCache> TargetSequence for BatchedSequence<'_, C> {
         Ok(self.cache.as_mut().ok_or_else(lost_cache)?.truncate(len)?)
     }
 
-    fn step_aside(&mut self) {
+    fn draws_in_steps(&self) -> bool {
+        C::DRAWS_IN_STEPS
+    }
+
+    fn forward_drawn(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        draw: Draw,
+        spec: &SnapshotSpec,
+    ) -> Result<TargetStep> {
+        self.forward_with(tokens, pos, LogitsMode::All, spec, Some(draw))
+    }
+
+    fn step_aside(&mut self, expected: Option<f64>) {
+        if expected.is_some_and(|s| s < self.steps.late_wait()) {
+            return;
+        }
         if !std::mem::replace(&mut self.away, true) {
             self.steps.alive.fetch_sub(1, Ordering::AcqRel);
         }
@@ -155,6 +198,7 @@ impl<C: BatchCache> TargetSequence for BatchedSequence<'_, C> {
 #[cfg(test)]
 mod tests {
     use candle_core::{DType, Device, Tensor};
+    use tandem_gemma::ForwardOutput;
 
     use super::super::stepper::{BatchLimits, Job, StepRunner};
     use super::*;
@@ -163,6 +207,8 @@ mod tests {
     struct Positions(usize);
 
     impl BatchCache for Positions {
+        const DRAWS_IN_STEPS: bool = false;
+
         fn len(&self) -> usize {
             self.0
         }
@@ -206,16 +252,53 @@ mod tests {
         let mut a = BatchedSequence::new(&steps, Positions(0), 64);
         let b = BatchedSequence::new(&steps, Positions(0), 64);
         assert_eq!(waited_for(), 2);
-        a.step_aside();
-        a.step_aside();
+        a.step_aside(None);
+        a.step_aside(None);
         assert_eq!(waited_for(), 1, "aside once, however often it says so");
         a.forward(&[7, 8, 9], 0, LogitsMode::None, &spec)?;
         assert_eq!((waited_for(), a.len()), (2, 3), "back with its forward");
-        a.step_aside();
+        a.step_aside(None);
         drop(a);
         assert_eq!(waited_for(), 1, "a sequence that ends aside leaves once");
         drop(b);
         assert_eq!(waited_for(), 0);
+        Ok(())
+    }
+
+    #[test]
+    fn steps_wait_for_a_draft_expected_within_their_wait_for_late_forwards() -> Result<()> {
+        let steps = Steps::start(Commit, BatchLimits::default())?;
+        let waited_for = || steps.alive.load(Ordering::Acquire);
+        let mut a = BatchedSequence::new(&steps, Positions(0), 64);
+        let _b = BatchedSequence::new(&steps, Positions(0), 64);
+        a.step_aside(Some(0.0));
+        assert_eq!(waited_for(), 1, "no step timed yet: no wait to fit in");
+        a.forward(&[7], 0, LogitsMode::None, &SnapshotSpec::default())?;
+        // The stepper publishes its wait once it has timed the step it just answered.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while steps.late_wait() == 0.0 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        let wait = steps.late_wait();
+        assert!(
+            wait > 0.0 && wait <= 0.005,
+            "a quarter step, at most the cap: {wait}"
+        );
+        a.step_aside(Some(0.0));
+        assert_eq!(
+            waited_for(),
+            2,
+            "a draft within the wait keeps it waited for"
+        );
+        a.step_aside(Some(wait));
+        assert_eq!(
+            waited_for(),
+            1,
+            "one that needs the whole wait or more steps aside"
+        );
+        a.forward(&[8], 1, LogitsMode::None, &SnapshotSpec::default())?;
+        a.step_aside(None);
+        assert_eq!(waited_for(), 1, "without a measure it steps aside");
         Ok(())
     }
 }

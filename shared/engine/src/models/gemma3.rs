@@ -70,6 +70,7 @@ impl<M: Gemma3Model> TargetSequence for Sequence<'_, M> {
             logits: out.logits,
             top: out.top,
             snapshot: interleave(&out.taps, tokens.len())?,
+            drawn: None,
         })
     }
 

@@ -99,6 +99,7 @@ impl TargetSequence for Sequence<'_> {
             logits: out.logits,
             top: None,
             snapshot,
+            drawn: None,
         })
     }
 

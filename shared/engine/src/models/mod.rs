@@ -57,6 +57,8 @@ use tandem_core::{SnapshotSpec, SnapshotSupport};
 use tandem_core::{StepCosts, TargetIdentity};
 use tandem_gemma::{LogitsMode, TargetHead, TopRow};
 
+use crate::device_rows::draw_last_rows;
+pub use crate::device_rows::Draw;
 use crate::error::Result;
 
 /// Sizes of a target the engine and the services plan with.
@@ -84,6 +86,8 @@ pub struct TargetStep {
     pub top: Option<Vec<TopRow>>,
     /// `m` snapshot rows of the requested spec, row-major.
     pub snapshot: Vec<f32>,
+    /// From [`TargetSequence::forward_drawn`], the token its draw landed on.
+    pub drawn: Option<u32>,
 }
 
 /// A target model, shared by all generations.
@@ -145,7 +149,34 @@ pub trait TargetSequence: Send {
     fn max_len(&self) -> usize;
     /// Rolls back to the first `len` positions.
     fn truncate(&mut self, len: usize) -> Result<()>;
-    /// Says that no forward will come for a while (the generation waits on its proposer):
-    /// a batched target's steps stop waiting for this sequence until its next forward.
-    fn step_aside(&mut self) {}
+    /// Says that the generation now waits on its proposer, `expected` seconds by its own
+    /// measure (`None`: no measure). A batched target's steps keep waiting for this
+    /// sequence where that fits the wait a step gives late forwards (the draft then joins
+    /// the next step instead of missing it); otherwise they stop waiting for it until its
+    /// next forward.
+    fn step_aside(&mut self, expected: Option<f64>) {
+        let _ = expected;
+    }
+    /// Whether [`Self::forward_drawn`] draws in steps shared with other sequences (a
+    /// device's batched steps: the step's draws are made together); elsewhere a plain
+    /// sampled round does better to run its rule on the row itself.
+    fn draws_in_steps(&self) -> bool {
+        false
+    }
+    /// [`Self::forward`] with every row's logits, and the token `draw` lands on in the last
+    /// row's distribution at its temperature (as sampled rows reduced on a device are
+    /// drawn from), in [`TargetStep::drawn`].
+    fn forward_drawn(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        draw: Draw,
+        spec: &SnapshotSpec,
+    ) -> Result<TargetStep> {
+        let mut step = self.forward(tokens, pos, LogitsMode::All, spec)?;
+        if let Some(logits) = &step.logits {
+            step.drawn = draw_last_rows(&[(logits, draw)])?.pop();
+        }
+        Ok(step)
+    }
 }

@@ -4,7 +4,7 @@
 //! [`StepRunner`] (the CPU kernels' ragged forward, or a device's batched steps), and
 //! [`Steps`], the channel generations send their forwards through.
 
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -16,6 +16,7 @@ use tandem_gemma::{
     SlotSegment,
 };
 
+use crate::device_rows::{draw_last_rows, Draw};
 use crate::error::{EngineError, Result};
 
 /// How the stepper forms its steps.
@@ -42,14 +43,19 @@ impl Default for BatchLimits {
     }
 }
 
-/// A forward waiting for a step: the cache travels with it and comes back with the output.
+/// A forward waiting for a step: the cache travels with it and comes back with the output
+/// (and, where it asked for a draw, the token drawn from its last row).
 pub(super) struct Job<C> {
     pub(super) tokens: Vec<u32>,
     pub(super) pos: usize,
     pub(super) cache: C,
     pub(super) opts: ForwardOptions,
-    pub(super) reply: SyncSender<(C, tandem_gemma::Result<ForwardOutput>)>,
+    pub(super) draw: Option<Draw>,
+    pub(super) reply: SyncSender<(C, tandem_gemma::Result<Stepped>)>,
 }
+
+/// A job's answer: its forward's output and the token its draw landed on.
+pub(super) type Stepped = (ForwardOutput, Option<u32>);
 
 impl<C> Rows for Job<C> {
     fn rows(&self) -> usize {
@@ -140,6 +146,8 @@ pub(super) struct Steps<C> {
     pub(super) limits: BatchLimits,
     /// Generations (sequences) that exist.
     pub(super) alive: Arc<AtomicUsize>,
+    /// The seconds the next step waits for late forwards, as f64 bits.
+    late_wait: Arc<AtomicU64>,
     pub(super) observers: Observers,
 }
 
@@ -149,11 +157,13 @@ impl<C: Send + 'static> Steps<C> {
         let (tx, rx) = mpsc::channel();
         let observers = Observers::default();
         let alive = Arc::new(AtomicUsize::new(0));
+        let late_wait = Arc::new(AtomicU64::new(0f64.to_bits()));
         let stepper = Stepper {
             runner,
             jobs: rx,
             limits,
             alive: alive.clone(),
+            late_wait: late_wait.clone(),
             observers: observers.clone(),
         };
         let thread = std::thread::Builder::new()
@@ -165,25 +175,33 @@ impl<C: Send + 'static> Steps<C> {
             thread: Some(thread),
             limits,
             alive,
+            late_wait,
             observers,
         })
     }
 
-    /// Sends one forward to the stepper and waits for its step; the cache comes back
-    /// unless the stepper has gone.
+    /// The seconds the next step waits for generations that have not sent their forward
+    /// (0 before a step was timed).
+    pub(super) fn late_wait(&self) -> f64 {
+        f64::from_bits(self.late_wait.load(Ordering::Relaxed))
+    }
+
+    /// Sends one forward to the stepper (with the draw its last row's logits are for, if
+    /// any) and waits for its step; the cache comes back unless the stepper has gone.
     pub(super) fn submit(
         &self,
         tokens: &[u32],
         pos: usize,
         cache: C,
-        opts: ForwardOptions,
-    ) -> (Option<C>, tandem_gemma::Result<ForwardOutput>) {
+        (opts, draw): (ForwardOptions, Option<Draw>),
+    ) -> (Option<C>, tandem_gemma::Result<Stepped>) {
         let (reply, answer) = mpsc::sync_channel(1);
         let job = Job {
             tokens: tokens.to_vec(),
             pos,
             cache,
             opts,
+            draw,
             reply,
         };
         let stopped = |job: Job<C>| {
@@ -221,6 +239,7 @@ struct Stepper<R: StepRunner> {
     jobs: Receiver<Job<R::Cache>>,
     limits: BatchLimits,
     alive: Arc<AtomicUsize>,
+    late_wait: Arc<AtomicU64>,
     observers: Observers,
 }
 
@@ -239,6 +258,8 @@ impl<R: StepRunner> Stepper<R> {
             held = gathered.over.take();
             if let Some(seconds) = self.run_step(gathered) {
                 pace.record(seconds);
+                let wait = pace.wait(self.limits.max_wait).as_secs_f64();
+                self.late_wait.store(wait.to_bits(), Ordering::Relaxed);
             }
         }
     }
@@ -261,15 +282,16 @@ impl<R: StepRunner> Stepper<R> {
             return None;
         }
         let t0 = Instant::now();
-        let outs = self.runner.run(&mut ready);
+        let outs = (self.runner.run(&mut ready)).and_then(|outs| drawn(&ready, outs));
         let report = StepReport {
             sequences: ready.len(),
             rows: self.runner.step_rows(&ready),
             seconds: t0.elapsed().as_secs_f64(),
             waited: gathered.waited,
             missed: gathered.missed,
+            drawn: ready.iter().filter(|j| j.draw.is_some()).count(),
         };
-        let outs: Vec<tandem_gemma::Result<ForwardOutput>> = match outs {
+        let outs: Vec<tandem_gemma::Result<Stepped>> = match outs {
             Ok(outs) => outs.into_iter().map(Ok).collect(),
             Err(e) => (0..ready.len())
                 .map(|_| {
@@ -287,4 +309,22 @@ impl<R: StepRunner> Stepper<R> {
         }
         Some(report.seconds)
     }
+}
+
+/// Each job's output with the token its draw lands on, the step's draws made together
+/// ([`draw_last_rows`]); a job that asked for a draw got logits (its forward's
+/// [`tandem_gemma::LogitsMode::All`]).
+fn drawn<C>(jobs: &[Job<C>], outs: Vec<ForwardOutput>) -> tandem_gemma::Result<Vec<Stepped>> {
+    let asked = (jobs.iter().zip(&outs))
+        .filter_map(|(job, out)| Some((out.logits.as_ref()?, job.draw?)))
+        .collect::<Vec<_>>();
+    if asked.len() < jobs.iter().filter(|j| j.draw.is_some()).count() {
+        return Err(GemmaError::Request(
+            "a draw asked of a forward without logits".into(),
+        ));
+    }
+    let mut ids = draw_last_rows(&asked)?.into_iter();
+    Ok((jobs.iter().zip(outs))
+        .map(|(job, out)| (out, job.draw.and_then(|_| ids.next())))
+        .collect())
 }
