@@ -201,9 +201,8 @@ impl VerifierMetrics {
             ),
             shed: r.counter(
                 "tandem_speculation_shed_total",
-                "Generations that decoded plainly, from their start or from a round on, \
-                 because at the batch's load its draft scheduler gave not even sure drafts \
-                 a place.",
+                "Generations that decoded plainly because, at the batch's load when they \
+                 joined, its draft scheduler gave a newcomer no draft.",
                 &[],
             ),
             reached_by_conf: by_conf(

@@ -259,10 +259,7 @@ impl<'e> Generation<'e> {
                 } else {
                     0
                 };
-                let expected = match gamma {
-                    0 => 1.0,
-                    _ => self.stats.mean_acceptance_length().unwrap_or(1.0),
-                };
+                let expected = self.stats.mean_acceptance_length().unwrap_or(1.0);
                 seat.fixed(gamma, expected);
             }
             return self.gamma;
@@ -283,11 +280,7 @@ impl<'e> Generation<'e> {
         n: usize,
         room: usize,
     ) -> std::result::Result<DraftBlock, tandem_core::ProposeError> {
-        let chosen = self.choose_gamma();
-        if chosen == 0 {
-            self.shed_if_crowded();
-        }
-        let gamma = chosen.min(room);
+        let gamma = self.choose_gamma().min(room);
         match (&mut self.drafting, gamma) {
             (Some(d), 1..) => {
                 // Steps shared with other generations wait for a draft expected within
@@ -436,22 +429,6 @@ impl<'e> Generation<'e> {
         match &mut self.drafting {
             Some(d) => d.extend(&out.snapshot, pos, tokens),
             None => Ok(()),
-        }
-    }
-
-    /// Sheds speculation for the rest of the generation where, at the batch's load now, not
-    /// even drafts sure to be accepted would pay ([`Seat::sheds_now`]: a crowd came after
-    /// it joined): no more drafter calls, snapshot rows, lookups or questions a round.
-    fn shed_if_crowded(&mut self) {
-        let seat = self.seat.as_ref().zip(self.policy.as_ref());
-        if seat.is_some_and(|(seat, policy)| seat.sheds_now(policy)) {
-            tracing::debug!(
-                generated = self.history.generated(),
-                "speculation shed for the rest of this generation: at the batch's load no \
-                 draft would pay"
-            );
-            (self.drafting, self.policy) = (None, None);
-            self.stats.shed = 1;
         }
     }
 

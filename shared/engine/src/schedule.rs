@@ -204,7 +204,16 @@ impl Seat<'_> {
     /// the batch. Alone it never sheds. The first shed after admissions that were not, and
     /// the reverse, are logged.
     pub fn sheds(&self, policy: &GammaPolicy) -> bool {
-        let (shed, sessions) = self.crowded(policy);
+        let drafts = self.drafts(policy);
+        let certain = Drafts {
+            survival: vec![1.0; drafts.survival.len()],
+            ..drafts
+        };
+        let asked = self.schedule(certain);
+        let shed = matches!(asked, Some((0, _)));
+        // Counted as one plain row until its rounds say more, as any seat that comes.
+        self.fixed(0, 1.0);
+        let sessions = asked.map_or(1, |(_, n)| n);
         if self.scheduler.shedding.swap(shed, Ordering::Relaxed) != shed {
             match shed {
                 true => tracing::info!(
@@ -216,27 +225,6 @@ impl Seat<'_> {
             }
         }
         shed
-    }
-
-    /// Whether a running adaptive generation with `policy` sheds speculation for the rest
-    /// of its rounds: [`Self::sheds`]' question, asked in a round the scheduler gave it no
-    /// draft (a crowd came after it joined). Not logged here: the generation says so.
-    pub fn sheds_now(&self, policy: &GammaPolicy) -> bool {
-        self.crowded(policy).0
-    }
-
-    /// Whether the scheduler gives this seat no draft beside the others even were all its
-    /// drafts sure to be accepted (with the drafting costs `policy` learnt), and the
-    /// generations it counted; the seat then counts as one plain row until its next claim.
-    fn crowded(&self, policy: &GammaPolicy) -> (bool, usize) {
-        let drafts = self.drafts(policy);
-        let certain = Drafts {
-            survival: vec![1.0; drafts.survival.len()],
-            ..drafts
-        };
-        let asked = self.schedule(certain);
-        self.fixed(0, 1.0);
-        (matches!(asked, Some((0, _))), asked.map_or(1, |(_, n)| n))
     }
 }
 
@@ -324,12 +312,8 @@ mod tests {
         step(&s, 33, 0.0026);
         let standing = s.published().standing.get(&newcomer.id).copied();
         assert_eq!(standing, Some(Standing::Fixed(Unscheduled::PLAIN)));
-        // One that joined before the crowd sheds now, without turning the newcomers' rule.
-        assert!(first.sheds_now(&policy));
-        assert!(s.shedding.load(Ordering::Relaxed));
         drop(crowd);
         step(&s, 3, 0.002);
-        assert!(!first.sheds_now(&policy));
         assert!(!s.seat().sheds(&policy), "the crowd gone, drafts pay again");
     }
 

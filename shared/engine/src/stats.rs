@@ -48,9 +48,8 @@ pub struct SpecStats {
     pub verify_s: f64,
     /// Proposer calls that failed; the generation went on without speculation.
     pub proposer_failures: u64,
-    /// 1 when the generation decoded without speculation, from its start or from a round
-    /// on, because at the batch's load the scheduler gave not even sure drafts a place
-    /// (`Seat::sheds`, `Seat::sheds_now`).
+    /// 1 when the generation started without speculation because the batch's scheduler
+    /// gave a newcomer no draft at its load (`Seat::sheds`).
     pub shed: u64,
     /// Rounds that reported [`RoundStats::expected`].
     pub expected_rounds: u64,
