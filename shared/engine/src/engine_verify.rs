@@ -9,7 +9,7 @@ use tandem_core::{
     accept_greedy, argmax, distribution, distribution_of, min_p_mask, token_logprob, DraftBlock,
     ExpectedKept, SnapshotSpec, Verdict,
 };
-use tandem_gemma::{argmax_rows, LogitsMode, TopRow};
+use tandem_gemma::{argmax_rows, GemmaError, LogitsMode, TopRow};
 
 use super::Generation;
 use crate::error::{EngineError, Result};
@@ -46,9 +46,9 @@ impl Generation<'_> {
         let out = self.cache.forward_drawn(block, n, draw, spec)?;
         match out.drawn {
             Some(_) => Ok(out),
-            None => Err(EngineError::InvalidRequest(
-                "the target drew no token".into(),
-            )),
+            None => Err(EngineError::Model(GemmaError::Request(
+                "the target drew no token for a plain sampled round".into(),
+            ))),
         }
     }
 
