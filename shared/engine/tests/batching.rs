@@ -150,11 +150,9 @@ fn batched_generations_equal_their_unbatched_runs() {
     );
 }
 
-/// The device target batched over a pool of 3 KV slots against the same target unbatched:
-/// five generations (plain, speculative, seeded sampling) at once, the two that find no
-/// free slot running alone beside the batch; steps held several sessions.
-#[test]
-fn batched_device_generations_equal_their_unbatched_runs() {
+/// The device target (candle's CPU backend, f32) unbatched, and batched over a pool of
+/// `slots` KV slots with its steps counted.
+fn device_engines(slots: usize) -> (Engine, Engine, Arc<Steps>) {
     let files = TargetFiles {
         model: real_gguf(),
         tokenizer: real_tokenizer(),
@@ -162,7 +160,7 @@ fn batched_device_generations_equal_their_unbatched_runs() {
     let placement = Placement::Device(DeviceOptions::new(Device::Cpu, DType::F32));
     let alone = Engine::load(&files, &placement).expect("the device target");
     let limits = BatchLimits {
-        slots: 3,
+        slots,
         prefill_chunk: 8,
         ..BatchLimits::default()
     };
@@ -170,6 +168,15 @@ fn batched_device_generations_equal_their_unbatched_runs() {
         Engine::load_batched(&files, &placement, Some(limits)).expect("the batched target");
     let steps = Arc::new(Steps::default());
     assert!(batched.model().observe_steps(steps.clone()));
+    (alone, batched, steps)
+}
+
+/// The device target batched over a pool of 3 KV slots against the same target unbatched:
+/// five generations (plain, speculative, seeded sampling) at once, the two that find no
+/// free slot running alone beside the batch; steps held several sessions.
+#[test]
+fn batched_device_generations_equal_their_unbatched_runs() {
+    let (alone, batched, steps) = device_engines(3);
     let jobs: Vec<Job> = jobs()
         .into_iter()
         .take(5)
@@ -193,21 +200,7 @@ fn batched_device_generations_equal_their_unbatched_runs() {
 /// what each emits alone.
 #[test]
 fn batched_device_steps_draw_plain_sampled_tokens() {
-    let files = TargetFiles {
-        model: real_gguf(),
-        tokenizer: real_tokenizer(),
-    };
-    let placement = Placement::Device(DeviceOptions::new(Device::Cpu, DType::F32));
-    let alone = Engine::load(&files, &placement).expect("the device target");
-    let limits = BatchLimits {
-        slots: 4,
-        prefill_chunk: 8,
-        ..BatchLimits::default()
-    };
-    let batched =
-        Engine::load_batched(&files, &placement, Some(limits)).expect("the batched target");
-    let steps = Arc::new(Steps::default());
-    assert!(batched.model().observe_steps(steps.clone()));
+    let (alone, batched, steps) = device_engines(4);
     let jobs: Vec<Job> = (0..3)
         .map(|i| {
             let mut req = request(PROMPTS[i], 10, 0);
