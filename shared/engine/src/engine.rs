@@ -286,7 +286,7 @@ impl<'e> Generation<'e> {
                 // Steps shared with other generations wait for a draft expected within
                 // their wait for late forwards, and go on without this one otherwise.
                 let expected = (self.policy.as_ref().zip(self.seat.as_ref()))
-                    .map(|(p, seat)| p.draft_seconds(seat.one_row_s()));
+                    .map(|(policy, seat)| seat.draft_seconds(policy));
                 self.cache.step_aside(expected);
                 d.propose(anchor, n, gamma, self.vocab)
             }

@@ -184,12 +184,18 @@ impl Seat<'_> {
         Some((p.plan.answer(standing, &drafts, &p.costs), sessions))
     }
 
+    /// The seconds an adaptive generation with `policy` drafts a round, as the batch counts
+    /// them (its drafting cost in its own step time, or in a one-row step's).
+    pub fn draft_seconds(&self, policy: &GammaPolicy) -> f64 {
+        policy.draft_seconds(self.one_row_s())
+    }
+
     /// What an adaptive generation with `policy` brings the batch each round: the
     /// survivals it expects and its drafting and per-row seconds.
     pub fn drafts(&self, policy: &GammaPolicy) -> Drafts {
         Drafts {
             survival: policy.survival(),
-            draft_s: policy.draft_seconds(self.one_row_s()),
+            draft_s: self.draft_seconds(policy),
             row_s: policy.row_seconds(),
         }
     }
