@@ -250,11 +250,17 @@ impl Reduced {
     /// `[rows, vocab]` f32 logits `x`, row `i` at `scales[i]`.
     fn new(x: &Tensor, scales: &[f64]) -> candle_core::Result<Self> {
         let (rows, vocab) = x.dims2()?;
-        let scales: Vec<f32> = scales.iter().map(|s| *s as f32).collect();
-        let scales = Tensor::from_vec(scales, (rows, 1), x.device())?;
-        let w = (x.broadcast_sub(&x.max_keepdim(1)?)?)
-            .broadcast_mul(&scales)?
-            .exp()?;
+        let shifted = x.broadcast_sub(&x.max_keepdim(1)?)?;
+        // One temperature (a generation's row, most steps) scales without a tensor of
+        // scales to upload; either way each weight is `x·scale` in f32.
+        let scaled = match scales {
+            [one, rest @ ..] if rest.iter().all(|s| s == one) => shifted.affine(*one, 0.0)?,
+            _ => {
+                let scales: Vec<f32> = scales.iter().map(|s| *s as f32).collect();
+                shifted.broadcast_mul(&Tensor::from_vec(scales, (rows, 1), x.device())?)?
+            }
+        };
+        let w = scaled.exp()?;
         let chunks = vocab.div_ceil(CHUNK);
         let weights = w
             .pad_with_zeros(1, 0, chunks * CHUNK - vocab)?
