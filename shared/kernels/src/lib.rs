@@ -131,5 +131,5 @@ pub use isa::Isa;
 pub use lanes::LaneMatrix;
 pub use matrix::QMatrix;
 pub use qtype::QType;
-pub use screen::{first_max, ArgmaxScreen, TopRow, TopRows};
+pub use screen::{first_max, ArgmaxScreen, TopRow, TopRows, UpperRow};
 pub use vector::{dot, exp, gelu_tanh_mul, rms_norm, rms_norm_rows, softcap, softmax_weights};

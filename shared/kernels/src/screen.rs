@@ -49,6 +49,10 @@ use crate::qtype::QK8_0;
 use crate::screen_scan::{merge, Collector, RowBound};
 use crate::{Isa, KernelError, QType};
 
+#[path = "screen_bounds.rs"]
+mod bounds;
+pub use bounds::UpperRow;
+
 /// f32 unit roundoff.
 const U: f64 = f32::EPSILON as f64 / 2.0;
 /// Groups a thread scores before their scores go to the collectors (nine
@@ -104,11 +108,11 @@ pub(crate) struct QuantRow {
     /// Per block: `128 · Σ q`, the offset of unsigned weight codes.
     pub(crate) bias: Vec<i32>,
     /// `K` of the module docs, rounded up.
-    bound: f32,
+    pub(crate) bound: f32,
     /// A bound on the magnitude of every screen score of the row:
     /// `‖w_j‖·(‖x‖ + ‖e‖)·(1 + γ_{blocks+2})` at the largest norm, rounded
     /// up (each score is a sum of `|dw·dx·S|` terms, rounded).
-    highest: f32,
+    pub(crate) highest: f32,
 }
 
 impl QuantRow {
@@ -216,13 +220,7 @@ impl ArgmaxScreen {
         m: usize,
         top: usize,
     ) -> Result<TopRows, KernelError> {
-        if (w.n(), w.k()) != (self.n, self.k) {
-            return Err(KernelError::ScreenShape {
-                screen: (self.n, self.k),
-                matrix: (w.n(), w.k()),
-            });
-        }
-        check_len("activations", x.len(), m.checked_mul(self.k))?;
+        self.check(w, x, m)?;
         let screen = Self::available() && top < self.n;
         let quant: Vec<Option<QuantRow>> = x
             .chunks_exact(self.k)
@@ -256,6 +254,17 @@ impl ArgmaxScreen {
             out.rows.push(row);
         }
         Ok(out)
+    }
+
+    /// Checks that `w` is the matrix this screen was built from and `x` holds `m` rows.
+    fn check(&self, w: &LaneMatrix, x: &[f32], m: usize) -> Result<(), KernelError> {
+        if (w.n(), w.k()) != (self.n, self.k) {
+            return Err(KernelError::ScreenShape {
+                screen: (self.n, self.k),
+                matrix: (w.n(), w.k()),
+            });
+        }
+        check_len("activations", x.len(), m.checked_mul(self.k))
     }
 
     /// The candidates of each of `rows` (module docs), ascending. Threads
@@ -338,7 +347,7 @@ fn collect(simd: bool, c: &mut Collector, col0: usize, s: &[f32], norms: &[f32])
 }
 
 /// Screen scores of groups `g0..` (covering `outs[r]`) for every row `r`.
-fn score_groups(w: &LaneMatrix, rows: &[&QuantRow], g0: usize, outs: &mut [&mut [f32]]) {
+pub(crate) fn score_groups(w: &LaneMatrix, rows: &[&QuantRow], g0: usize, outs: &mut [&mut [f32]]) {
     #[cfg(target_arch = "x86_64")]
     crate::screen_x86::score(w, rows, g0, outs);
     #[cfg(not(target_arch = "x86_64"))]

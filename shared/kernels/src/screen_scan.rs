@@ -26,7 +26,7 @@ const PRUNE_AT: usize = 256;
 /// Rounding slack of the candidates' test for a row whose largest `|s_j|`
 /// is `highest`: each of the f32 sums rounds by at most 2⁻²⁴ of `highest +
 /// max_norm · bound`; 1e-30 covers products and scales that underflow.
-fn slack(highest: f32, max_norm: f32, bound: f32) -> f32 {
+pub(crate) fn slack(highest: f32, max_norm: f32, bound: f32) -> f32 {
     1e-6 * (highest + max_norm * bound) + 1e-30
 }
 

@@ -4,7 +4,9 @@
 //! product's values bit for bit, so the first maximum and any top-k
 //! selection agree — over random shapes, scales, activations with outliers,
 //! rows duplicated to make exact ties, and rows the bound does not cover
-//! (non-finite activations), which are computed in full.
+//! (non-finite activations), which are computed in full. Its upper bounds lie on or
+//! above every output, are a row's own whatever rows share the call, and one output
+//! computed alone is the product's.
 
 use proptest::prelude::*;
 use tandem_kernels::{first_max, ArgmaxScreen, Isa, LaneMatrix, QMatrix, QType};
@@ -58,6 +60,47 @@ proptest! {
             for want in order.iter().take(top) {
                 prop_assert!(row.ids.binary_search(want).is_ok(), "top output {} missing", want);
             }
+        }
+    }
+
+    #[test]
+    fn upper_bounds_hold_and_are_each_rows_own(
+        n in 1usize..300,
+        blocks in 1usize..12,
+        m in 1usize..14,
+        outlier in 1.0f32..60.0,
+        broken in proptest::option::of(0usize..14),
+        seed in any::<u64>(),
+    ) {
+        let k = 32 * blocks;
+        let mut rng = Rng::new(seed);
+        let w = matrix(n, k, 0, &mut rng);
+        let screen = ArgmaxScreen::new(&w).expect("Q8_0");
+        let mut x: Vec<f32> = (0..m * k)
+            .map(|i| if i % 29 == 3 { outlier * rng.unit() } else { rng.unit() })
+            .collect();
+        if let Some(r) = broken.filter(|&r| r < m) {
+            x[r * k] = f32::INFINITY;
+        }
+        let got = screen.upper_rows(&w, &x, m).expect("upper rows");
+        let mut z = vec![0f32; m * n];
+        w.matmul_with(Isa::Scalar, &x, m, &mut z).expect("product");
+        for (r, (row, z)) in got.iter().zip(z.chunks_exact(n)).enumerate() {
+            let x = &x[r * k..][..k];
+            prop_assert_eq!(row.exact, !ArgmaxScreen::available() || broken == Some(r));
+            for (j, (&u, &z)) in row.upper.iter().zip(z).enumerate() {
+                match row.exact {
+                    true => prop_assert_eq!(u.to_bits(), z.to_bits()),
+                    false => prop_assert!(u >= z, "row {} output {}: {} < {}", r, j, u, z),
+                }
+                if !z.is_nan() {
+                    prop_assert_eq!(w.output(x, j).expect("output").to_bits(), z.to_bits());
+                }
+            }
+            let alone = screen.upper_rows(&w, x, 1).expect("alone");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(alone[0].exact, row.exact);
+            prop_assert_eq!(bits(&alone[0].upper), bits(&row.upper));
         }
     }
 }
