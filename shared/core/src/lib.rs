@@ -7,6 +7,7 @@ pub mod ab;
 pub mod acceptance;
 pub mod batching;
 pub mod block;
+pub mod bounded;
 pub mod calibration;
 pub mod controls;
 pub mod cut;
@@ -28,6 +29,7 @@ pub use acceptance::{
 };
 pub use batching::{StepObserver, StepReport};
 pub use block::{accept_block, BlockPlan, ExpectedKept};
+pub use bounded::draw_bounded;
 pub use controls::{min_p_mask, ControlError, History, LogitControls, Penalties};
 pub use gamma::{GammaPolicy, GammaPolicyConfig, Learnt, Observed, CARRIED_ROUNDS};
 pub use identity::TargetIdentity;
