@@ -28,11 +28,11 @@ pub mod testing;
 pub use error::{GemmaError, Result};
 pub use fused::scatter_rows;
 pub use gemma3::{
-    export_hf, hf_config_json, padded_rows, profile_steps, take_step_profile, DeviceBatch,
-    DeviceCache, DeviceGemma3, DeviceOptions, DeviceSlots, ForwardOptions, ForwardOutput, Gemma3,
-    Gemma3Model, GemmaConfig, KvCache, LoadOptions, LogitsMode, Precision, RestrictedHead,
-    RopeScaling, Segment, SequenceCache, SlotCache, SlotSegment, StepProfile, TargetHead, Weight,
-    BLOCK_BUCKETS, MAX_BATCH, MAX_STEP_ROWS, SHARED_BLOCK, STEP_POSITIONS,
+    export_hf, hf_config_json, padded_rows, profile_steps, take_step_profile, BoundedRow,
+    DeviceBatch, DeviceCache, DeviceGemma3, DeviceOptions, DeviceSlots, ForwardOptions,
+    ForwardOutput, Gemma3, Gemma3Model, GemmaConfig, KvCache, LoadOptions, LogitsMode, Precision,
+    RestrictedHead, RopeScaling, Segment, SequenceCache, SlotCache, SlotSegment, StepProfile,
+    TargetHead, Weight, BLOCK_BUCKETS, MAX_BATCH, MAX_STEP_ROWS, SHARED_BLOCK, STEP_POSITIONS,
 };
 pub use gguf::inspect_gguf;
 pub use golden::{GoldenCase, GoldenFixture};

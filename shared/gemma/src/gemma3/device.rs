@@ -254,7 +254,7 @@ impl DeviceGemma3 {
             let (n, t) = self.forward_chunk(&chunk, b, span.start + pos, cache, &opts.taps)?;
             let rows = match opts.logits {
                 LogitsMode::All | LogitsMode::Top(_) => Some(n.clone()),
-                LogitsMode::Last if c + 1 == chunks => {
+                LogitsMode::Last | LogitsMode::Bounded if c + 1 == chunks => {
                     let (mc, h) = (span.len(), self.cfg.hidden_size);
                     Some(
                         n.reshape((b, mc, h))?
@@ -279,6 +279,7 @@ impl DeviceGemma3 {
             .collect::<Result<Vec<_>>>()?;
         Ok(ForwardOutput {
             top: None,
+            bounded: None,
             logits: (!logits.is_empty())
                 .then(|| sequence_major(&logits, b))
                 .transpose()?,

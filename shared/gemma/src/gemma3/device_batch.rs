@@ -404,6 +404,7 @@ impl DeviceBatch {
             outs.push(ForwardOutput {
                 logits,
                 top,
+                bounded: None,
                 taps,
                 last_hidden: mine.narrow(1, key.taps.len() * h, h)?.contiguous()?,
             });
@@ -435,7 +436,7 @@ impl DeviceBatch {
             let first = b * key.rows;
             let wanted = match s.opts.logits {
                 LogitsMode::All | LogitsMode::Top(_) => first..first + m,
-                LogitsMode::Last => first + m - 1..first + m,
+                LogitsMode::Last | LogitsMode::Bounded => first + m - 1..first + m,
                 LogitsMode::None => continue,
             };
             spans[b] = Some(ids.len()..ids.len() + wanted.len());

@@ -381,7 +381,9 @@ impl DeviceGemma3 {
         let normed = step.normed.narrow(0, 0, m)?;
         let logits = match opts.logits {
             LogitsMode::All | LogitsMode::Top(_) => Some(self.logits(&normed)?),
-            LogitsMode::Last => Some(self.logits(&normed.narrow(0, m - 1, 1)?)?),
+            LogitsMode::Last | LogitsMode::Bounded => {
+                Some(self.logits(&normed.narrow(0, m - 1, 1)?)?)
+            }
             LogitsMode::None => None,
         };
         // The taps and the final-norm rows travel in one copy (each copy waits for the
@@ -399,6 +401,7 @@ impl DeviceGemma3 {
         let last_hidden = rows.pop().expect("the final-norm rows");
         Ok(ForwardOutput {
             top: None,
+            bounded: None,
             logits,
             taps: rows,
             last_hidden,

@@ -10,7 +10,7 @@ use super::device::DeviceGemma3;
 use super::device_cache::DeviceCache;
 use super::head::TargetHead;
 use super::kv_cache::KvCache;
-use super::model::{ForwardOptions, ForwardOutput, Gemma3};
+use super::model::{ForwardOptions, ForwardOutput, Gemma3, LogitsMode};
 use crate::error::{GemmaError, Result};
 
 /// The rollback-able KV cache of one sequence.
@@ -136,7 +136,8 @@ impl Gemma3Model for Gemma3 {
     }
 
     /// Each sequence runs its own forward, in parallel (the CPU kernels are batch
-    /// invariant: this equals running them one by one).
+    /// invariant: this equals running them one by one); [`LogitsMode::Bounded`] gives
+    /// logits rows, as [`LogitsMode::Last`] does.
     fn forward_batch(
         &self,
         tokens: &[u32],
@@ -145,6 +146,13 @@ impl Gemma3Model for Gemma3 {
         opts: &ForwardOptions,
     ) -> Result<ForwardOutput> {
         let m = block_len(tokens.len(), caches.len())?;
+        let opts = &ForwardOptions {
+            logits: match opts.logits {
+                LogitsMode::Bounded => LogitsMode::Last,
+                mode => mode,
+            },
+            taps: opts.taps.clone(),
+        };
         let outs = caches
             .par_iter_mut()
             .zip(tokens.par_chunks(m))
@@ -184,6 +192,7 @@ fn concat_outputs(outs: Vec<ForwardOutput>) -> Result<ForwardOutput> {
     Ok(ForwardOutput {
         logits,
         top,
+        bounded: None,
         taps,
         last_hidden: cat(outs.into_iter().map(|o| o.last_hidden).collect())?,
     })

@@ -5,6 +5,7 @@
 //! ([`DeviceCache`]) — with [`Gemma3Model`] as one interface over both. [`TargetHead`] is
 //! the embedding and LM head a drafter shares with the target.
 
+mod bounded;
 mod config;
 mod convert;
 mod device;
@@ -24,6 +25,7 @@ mod step;
 mod step_clock;
 mod weights;
 
+pub use bounded::BoundedRow;
 pub use config::{GemmaConfig, RopeScaling};
 pub use convert::{export_hf, hf_config_json};
 pub use device::{DeviceGemma3, DeviceOptions};

@@ -11,6 +11,7 @@ use std::path::Path;
 use candle_core::Tensor;
 use tandem_kernels::{ArgmaxScreen, QType, TopRow};
 
+use super::bounded::BoundedRow;
 use super::config::GemmaConfig;
 use super::head::TargetHead;
 use super::kv_cache::KvCache;
@@ -55,6 +56,11 @@ pub enum LogitsMode {
     /// through `tandem_kernels::ArgmaxScreen`, for two or more rows), else every row's
     /// logits as with [`LogitsMode::All`].
     Top(usize),
+    /// Only the last position, as an upper bound on each logit for drawing its token at a
+    /// temperature ([`ForwardOutput::bounded`]) where the model bounds them without forming
+    /// them all (the CPU model in `exact` precision, through
+    /// `tandem_kernels::ArgmaxScreen`), else its logits as with [`LogitsMode::Last`].
+    Bounded,
 }
 
 /// What a forward should return besides updating the cache.
@@ -75,6 +81,9 @@ pub struct ForwardOutput {
     /// With [`LogitsMode::Top`], per block position the ids (ascending) that can rank
     /// among its `k` largest logits with those logits, bit for bit as in the full row.
     pub top: Option<Vec<TopRow>>,
+    /// With [`LogitsMode::Bounded`], the last position's logits as bounds, where the model
+    /// gives them.
+    pub bounded: Option<BoundedRow>,
     /// One `[m, hidden]` f32 tensor per requested tap, in request order.
     pub taps: Vec<Tensor>,
     /// `[m, hidden]` f32: the final-norm output of every block position.

@@ -10,6 +10,7 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 use tandem_kernels::TopRow;
 
+use super::bounded::BoundedRow;
 use super::kv_cache::KvCache;
 use super::model::{ForwardOptions, ForwardOutput, Gemma3, Layer, LogitsMode};
 use crate::attention::{attend, AttnSpec};
@@ -28,8 +29,13 @@ pub struct Segment<'a> {
     pub opts: &'a ForwardOptions,
 }
 
-/// A segment's logits and top rows (either, or neither).
-type HeadOutput = (Option<Tensor>, Option<Vec<TopRow>>);
+/// A segment's logits, top rows or bounded row (one of them, or none).
+#[derive(Default)]
+struct HeadOutput {
+    logits: Option<Tensor>,
+    top: Option<Vec<TopRow>>,
+    bounded: Option<BoundedRow>,
+}
 
 /// Where a segment's rows sit in the batch and the rotary angles of its positions.
 struct Span {
@@ -130,7 +136,7 @@ impl Gemma3 {
         segs.iter()
             .zip(&spans)
             .zip(heads)
-            .map(|((s, span), (logits, top))| {
+            .map(|((s, span), head)| {
                 let rows = |all: &[f32]| all[span.start * h..][..span.m * h].to_vec();
                 let tensor = |v: Vec<f32>| Tensor::from_vec(v, (span.m, h), &Device::Cpu);
                 let taps = s
@@ -144,8 +150,9 @@ impl Gemma3 {
                     })
                     .collect::<candle_core::Result<Vec<_>>>()?;
                 Ok(ForwardOutput {
-                    logits,
-                    top,
+                    logits: head.logits,
+                    top: head.top,
+                    bounded: head.bounded,
                     taps,
                     last_hidden: tensor(rows(&normed))?,
                 })
@@ -153,13 +160,15 @@ impl Gemma3 {
             .collect()
     }
 
-    /// Each segment's logits or top rows as its [`LogitsMode`] asks: the rows that need full
-    /// logits go through the head in one product; the [`LogitsMode::Top`] rows of the whole
-    /// step go through the screen, one call per `k`, when the step has two or more of them
-    /// (one row is bound by reading the head either way) and the model has a screen. A
-    /// segment's top rows are the same whether it was screened alone or with others; a
-    /// one-row segment screened with others gets top rows where alone it gets logits (the
-    /// same largest logits, bit for bit).
+    /// Each segment's logits, top rows or bounded row as its [`LogitsMode`] asks: the rows
+    /// that need full logits go through the head in one product; the [`LogitsMode::Top`]
+    /// rows of the whole step go through the screen, one call per `k`, when the step has
+    /// two or more of them (one row is bound by reading the head either way) and the model
+    /// has a screen; the [`LogitsMode::Bounded`] rows through the screen's bounds, one call,
+    /// whenever the model has a screen (a row's bounds are its own, so a draw from them is
+    /// the same alone or batched). A segment's top rows are the same whether it was
+    /// screened alone or with others; a one-row segment screened with others gets top rows
+    /// where alone it gets logits (the same largest logits, bit for bit).
     fn heads(
         &self,
         normed: &[f32],
@@ -174,11 +183,14 @@ impl Gemma3 {
             .map(|(_, sp)| sp.m)
             .sum();
         let screen = self.screens(top_rows);
+        let bounds = self.screen.is_some();
+        let last = |span: &Span| span.start + span.m - 1..span.start + span.m;
         let full_rows = |s: &Segment<'_>, span: &Span| match s.opts.logits {
             LogitsMode::All => span.start..span.start + span.m,
-            LogitsMode::Last => span.start + span.m - 1..span.start + span.m,
+            LogitsMode::Last => last(span),
+            LogitsMode::Bounded if !bounds => last(span),
             LogitsMode::Top(_) if !screen => span.start..span.start + span.m,
-            LogitsMode::Top(_) | LogitsMode::None => 0..0,
+            LogitsMode::Top(_) | LogitsMode::Bounded | LogitsMode::None => 0..0,
         };
         let ranges: Vec<_> = segs
             .iter()
@@ -195,8 +207,12 @@ impl Gemma3 {
             true => self.screened(segs, spans, normed)?,
             false => vec![None; segs.len()],
         };
+        let mut bounded = match bounds {
+            true => self.bounded(segs, spans, normed)?,
+            false => vec![None; segs.len()],
+        };
         let mut out = Vec::with_capacity(segs.len());
-        for (r, top) in ranges.iter().zip(tops.iter_mut()) {
+        for (i, r) in ranges.iter().enumerate() {
             let rows = r.len();
             let full = (rows > 0)
                 .then(|| {
@@ -204,7 +220,42 @@ impl Gemma3 {
                     Tensor::from_vec(v, (rows, self.cfg.vocab_size), &Device::Cpu)
                 })
                 .transpose()?;
-            out.push((full, top.take()));
+            out.push(HeadOutput {
+                logits: full,
+                top: tops[i].take(),
+                bounded: bounded[i].take(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The bounded row of every [`LogitsMode::Bounded`] segment (its last position), all
+    /// bounded in one call of the screen.
+    fn bounded(
+        &self,
+        segs: &[Segment<'_>],
+        spans: &[Span],
+        normed: &[f32],
+    ) -> Result<Vec<Option<BoundedRow>>> {
+        let h = self.cfg.hidden_size;
+        let mut out = vec![None; segs.len()];
+        let members: Vec<usize> = (0..segs.len())
+            .filter(|&i| segs[i].opts.logits == LogitsMode::Bounded)
+            .collect();
+        let (Some(screen), Some(w), false) =
+            (&self.screen, self.head.head().lanes(), members.is_empty())
+        else {
+            return Ok(out);
+        };
+        let row = |i: usize| &normed[(spans[i].start + spans[i].m - 1) * h..][..h];
+        let x: Vec<f32> = members
+            .iter()
+            .flat_map(|&i| row(i).iter().copied())
+            .collect();
+        let rows = screen.upper_rows(w, &x, members.len())?;
+        for (i, upper) in members.into_iter().zip(rows) {
+            let head = std::sync::Arc::clone(self.head.head());
+            out[i] = Some(BoundedRow::new(upper, head, row(i).to_vec()));
         }
         Ok(out)
     }
