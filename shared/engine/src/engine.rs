@@ -304,7 +304,12 @@ impl<'e> Generation<'e> {
     /// Runs the prompt and chooses the first token.
     fn prefill(&mut self) -> Result<u32> {
         let t0 = Instant::now();
-        let out = self.forward(&self.req.prompt, 0, LogitsMode::Last)?;
+        let full = self.req.logprobs.is_some() || self.controls.needs_all_logits(0);
+        let mode = match self.bounds_plain(full) {
+            true => LogitsMode::Bounded,
+            false => LogitsMode::Last,
+        };
+        let out = self.forward(&self.req.prompt, 0, mode)?;
         self.timing.prefill_s = t0.elapsed().as_secs_f64();
         let req = self.req;
         self.send_rows(&out, 0, &req.prompt)?;
@@ -356,6 +361,7 @@ impl<'e> Generation<'e> {
         let full =
             self.req.logprobs.is_some() || self.controls.needs_all_logits(self.history.generated());
         let mode = match (full, sampling.is_greedy(), sampling.top_k) {
+            _ if draft.tokens.is_empty() && self.bounds_plain(full) => LogitsMode::Bounded,
             (true, ..) => LogitsMode::All,
             (false, true, _) => LogitsMode::Top(1),
             (false, false, Some(k)) => LogitsMode::Top(k),

@@ -1,17 +1,18 @@
 //! A round's verdict (the engine's [`Generation`], continued): the forward of a round's
 //! block, with the draw a plain sampled round's step makes for it where the target draws
 //! in its shared steps, and the verdict on the draft from what the forward returned —
-//! greedy ids, the target's top rows, or whole logits rows with the request's controls —
-//! by the request's rule.
+//! the step's draw, a plain round's bounded row, greedy ids, the target's top rows, or
+//! whole logits rows with the request's controls — by the request's rule.
 
 use candle_core::Tensor;
 use tandem_core::{
-    accept_greedy, argmax, distribution, distribution_of, min_p_mask, token_logprob, DraftBlock,
-    ExpectedKept, SnapshotSpec, Verdict,
+    accept_greedy, argmax, distribution, distribution_of, draw_bounded, min_p_mask, token_logprob,
+    DraftBlock, ExpectedKept, SnapshotSpec, Verdict, Verification,
 };
-use tandem_gemma::{argmax_rows, GemmaError, LogitsMode, TopRow};
+use tandem_gemma::{argmax_rows, BoundedRow, GemmaError, LogitsMode, TopRow};
 
 use super::Generation;
+use crate::device_rows::reducible;
 use crate::error::{EngineError, Result};
 use crate::fetch::{accept_fetching, fetches, plain_draw};
 use crate::models::TargetStep;
@@ -63,6 +64,15 @@ impl Generation<'_> {
         draft: &DraftBlock,
     ) -> Result<(Verdict, Option<ExpectedKept>)> {
         if let Some(next) = out.drawn {
+            return Ok((Verdict { accepted: 0, next }, None));
+        }
+        if let Some(row) = &out.bounded {
+            if !draft.tokens.is_empty() {
+                return Err(EngineError::Model(GemmaError::Request(
+                    "a bounded row cannot verify a draft".into(),
+                )));
+            }
+            let next = self.draw_bounded(row)?;
             return Ok((Verdict { accepted: 0, next }, None));
         }
         let rows = draft.tokens.len() + 1;
@@ -137,6 +147,45 @@ impl Generation<'_> {
                 .collect();
         }
         Ok((verdict, expected))
+    }
+}
+
+impl Generation<'_> {
+    /// Whether a plain round (or the prefill) asks its target for bounds on its last row's
+    /// logits instead of the logits ([`LogitsMode::Bounded`]): sampled at a temperature
+    /// alone, token-wise (seeded rounds draw by the inverse distribution, as their drafted
+    /// rounds do), with no controls and no log-probabilities (`full`).
+    pub(super) fn bounds_plain(&self, full: bool) -> bool {
+        let params = &self.req.sampling;
+        self.req.verification == Verification::Token
+            && !full
+            && !self.controls.is_active(params.temperature)
+            && reducible(params)
+    }
+
+    /// A plain round's token from its row's bounds ([`draw_bounded`], uniforms from the
+    /// generation's sampler); from the whole row where the bounds give none.
+    fn draw_bounded(&mut self, row: &BoundedRow) -> Result<u32> {
+        let params = *self.sampler.params();
+        let mut failed = None;
+        let sampler = &mut self.sampler;
+        let exact = |id| {
+            row.logit(id).unwrap_or_else(|e| {
+                failed.get_or_insert(e);
+                f32::NAN
+            })
+        };
+        let drawn = draw_bounded(&row.upper, params.temperature, exact, || sampler.uniform());
+        if let Some(e) = failed {
+            return Err(EngineError::Model(e));
+        }
+        match drawn {
+            Some(id) => Ok(id),
+            None => {
+                let dist = distribution(&row.logits()?, &params);
+                Ok(dist.draw(self.sampler.uniform()))
+            }
+        }
     }
 }
 

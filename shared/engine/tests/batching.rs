@@ -1,7 +1,7 @@
 //! Continuous batching on the real Gemma 3 270M: generations that run at the same time on a
 //! batched engine (their forwards in shared steps, prompts prefilled in chunks) emit exactly
-//! what each emits alone on an unbatched engine — greedy and seeded sampling, plain and
-//! speculative, fixed γ and scheduled — while sessions of different lengths join and leave
+//! what each emits alone on an unbatched engine — greedy, token-wise and seeded sampling,
+//! plain and speculative, fixed γ and scheduled — while sessions of different lengths join and leave
 //! mid-run; the steps really held several sessions. The device target's batched steps
 //! (slots of a KV pool; here on candle's CPU backend in f32) do the same against the device
 //! target run unbatched, with more generations than slots; plain rounds sampled at a
@@ -63,14 +63,18 @@ fn jobs() -> Vec<Job> {
             let mut req = request(prompt, max_tokens, gamma);
             // Half the speculating ones take the batch scheduler's lengths.
             req.adaptive_gamma = i % 4 == 0;
+            // 2 and 3 sample token-wise at a temperature alone (plain rounds draw from
+            // bounded rows), 6 and 7 seeded with top-p.
             if i % 4 == 3 || i % 4 == 2 {
                 req.sampling = SamplingParams {
                     temperature: 0.8,
-                    top_p: 0.95,
+                    top_p: if i < 4 { 1.0 } else { 0.95 },
                     seed: 1000 + i as u64,
                     ..SamplingParams::default()
                 };
-                req.verification = Verification::Seeded;
+                if i >= 4 {
+                    req.verification = Verification::Seeded;
+                }
             }
             let oracle = (gamma > 0).then(|| Oracle {
                 reference: reference(prompt, max_tokens),

@@ -102,7 +102,7 @@ impl TargetSequence for Sequence {
             .map(|end| logits_after(&self.tokens[..end]))
             .collect();
         let rows = match logits {
-            LogitsMode::Last => rows[rows.len() - 1..].to_vec(),
+            LogitsMode::Last | LogitsMode::Bounded => rows[rows.len() - 1..].to_vec(),
             LogitsMode::None => Vec::new(),
             _ => rows,
         };
@@ -112,6 +112,7 @@ impl TargetSequence for Sequence {
         Ok(TargetStep {
             logits: Some(logits),
             top: None,
+            bounded: None,
             snapshot,
             drawn: None,
         })

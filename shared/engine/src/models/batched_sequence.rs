@@ -119,7 +119,10 @@ impl<C: BatchCache> BatchedSequence<'_, C> {
         // Prompts (only the last row's logits, or none) go a chunk per step; a block that
         // needs every row's logits (verification) goes whole, as does an empty one (which
         // the model refuses).
-        let prompt = matches!(logits, LogitsMode::Last | LogitsMode::None);
+        let prompt = matches!(
+            logits,
+            LogitsMode::Last | LogitsMode::Bounded | LogitsMode::None
+        );
         let chunk = match prompt {
             true => self.steps.limits.prefill_chunk,
             false => tokens.len().max(1),
@@ -131,6 +134,7 @@ impl<C: BatchCache> BatchedSequence<'_, C> {
         let mut step = TargetStep {
             logits: None,
             top: None,
+            bounded: None,
             snapshot: Vec::new(),
             drawn: None,
         };
@@ -142,7 +146,8 @@ impl<C: BatchCache> BatchedSequence<'_, C> {
             };
             let (out, drawn) = self.step(part, pos + i * chunk, (opts, draw.filter(|_| last)))?;
             step.snapshot.extend(interleave(&out.taps, part.len())?);
-            (step.logits, step.top, step.drawn) = (out.logits, out.top, drawn);
+            (step.logits, step.top, step.bounded) = (out.logits, out.top, out.bounded);
+            step.drawn = drawn;
         }
         Ok(step)
     }
@@ -236,6 +241,7 @@ mod tests {
                 Ok(ForwardOutput {
                     logits: None,
                     top: None,
+                    bounded: None,
                     taps: Vec::new(),
                     last_hidden: Tensor::zeros(rows, DType::F32, &Device::Cpu)?,
                 })

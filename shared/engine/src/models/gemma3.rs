@@ -69,6 +69,7 @@ impl<M: Gemma3Model> TargetSequence for Sequence<'_, M> {
         Ok(TargetStep {
             logits: out.logits,
             top: out.top,
+            bounded: out.bounded,
             snapshot: interleave(&out.taps, tokens.len())?,
             drawn: None,
         })

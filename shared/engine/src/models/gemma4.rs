@@ -98,6 +98,7 @@ impl TargetSequence for Sequence<'_> {
         Ok(TargetStep {
             logits: out.logits,
             top: None,
+            bounded: None,
             snapshot,
             drawn: None,
         })

@@ -55,7 +55,7 @@ use std::sync::Arc;
 use candle_core::Tensor;
 use tandem_core::{SnapshotSpec, SnapshotSupport};
 use tandem_core::{StepCosts, TargetIdentity};
-use tandem_gemma::{LogitsMode, TargetHead, TopRow};
+use tandem_gemma::{BoundedRow, LogitsMode, TargetHead, TopRow};
 
 use crate::device_rows::draw_last_rows;
 pub use crate::device_rows::Draw;
@@ -84,6 +84,9 @@ pub struct TargetStep {
     /// With [`LogitsMode::Top`], per row the ids that can rank among its `k` largest
     /// logits, with those logits, where the target finds them without all logits.
     pub top: Option<Vec<TopRow>>,
+    /// With [`LogitsMode::Bounded`], the last row's logits as bounds, where the target
+    /// gives them (else `logits` holds that row).
+    pub bounded: Option<BoundedRow>,
     /// `m` snapshot rows of the requested spec, row-major.
     pub snapshot: Vec<f32>,
     /// From [`TargetSequence::forward_drawn`], the token its draw landed on.
