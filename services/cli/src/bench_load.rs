@@ -22,6 +22,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use pb::generation_client::GenerationClient;
 use serde::{Deserialize, Serialize};
+use tandem_core::Verification;
 use tandem_engine::BatchLimits;
 use tandem_proto::v1 as pb;
 use tandem_tokenizer::GemmaTokenizer;
@@ -66,6 +67,10 @@ pub struct LoadArgs {
     /// Sampling temperature (0: greedy); sampled requests are seeded per request.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
+    /// How sampled requests are verified, sent with each: `seeded` (what the server does
+    /// with a seeded request that names no rule), `token` or `block`.
+    #[arg(long, default_value = "seeded")]
+    verification: Verification,
     /// Most tokens drafted per round.
     #[arg(long, default_value_t = 8)]
     gamma: usize,
@@ -150,6 +155,9 @@ pub struct LoadReport {
     pub prompts: String,
     pub max_tokens: usize,
     pub temperature: f32,
+    /// How sampled requests were verified.
+    #[serde(default = "seeded")]
+    pub verification: String,
     pub gamma: usize,
     pub drafters: usize,
     pub batching: bool,
@@ -187,6 +195,7 @@ pub fn run(a: LoadArgs) -> Result<()> {
             }),
         max_tokens: a.max_tokens,
         temperature: a.temperature,
+        verification: a.verification.as_str().into(),
         gamma: a.gamma,
         drafters: a.drafters,
         batching: a.batching,
@@ -288,6 +297,7 @@ async fn connect(lb: &Loopback) -> Result<GenerationClient<Channel>> {
 struct Shared {
     max_tokens: usize,
     temperature: f32,
+    verification: Verification,
     gamma: usize,
 }
 
@@ -296,6 +306,7 @@ impl Shared {
         Self {
             max_tokens: a.max_tokens,
             temperature: a.temperature,
+            verification: a.verification,
             gamma: a.gamma,
         }
     }
@@ -323,6 +334,7 @@ impl Shared {
                 seed: Some(seed),
                 ..Default::default()
             }),
+            verification: pb::Verification::from(self.verification) as i32,
             ..Default::default()
         };
         let t0 = Instant::now();
@@ -449,8 +461,8 @@ pub(crate) fn percentile(v: &[f64], q: f64) -> f64 {
 
 fn print_report(r: &LoadReport) {
     println!(
-        "bench load: {} tokens per request, T = {}, γ ≤ {}, {} drafter(s), batching {}; prompts: {}",
-        r.max_tokens, r.temperature, r.gamma, r.drafters, r.batching, r.prompts
+        "bench load: {} tokens per request, T = {} ({}), γ ≤ {}, {} drafter(s), batching {}; prompts: {}",
+        r.max_tokens, r.temperature, r.verification, r.gamma, r.drafters, r.batching, r.prompts
     );
     println!(
         "{:<9} {:>3} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6} {:>6} {:>6} {:>7} {:>5} {:>6} {:>7} {:>5} {:>6} {:>5}",
@@ -500,6 +512,11 @@ fn print_report(r: &LoadReport) {
             l.shed_per_request
         );
     }
+}
+
+/// The rule of reports written before `verification` was recorded.
+fn seeded() -> String {
+    Verification::Seeded.as_str().into()
 }
 
 #[cfg(test)]
