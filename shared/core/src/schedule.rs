@@ -24,6 +24,9 @@ pub struct StepCosts {
     /// Where the target pads: the block lengths its steps run, ascending (a step's rows are
     /// its generations times the first that holds its longest block).
     padded: Option<Vec<usize>>,
+    /// Seconds a row whose logits are all formed adds to a step over a row whose logits the
+    /// target only bounds ([`Self::with_full_rows`]).
+    full_row_s: f64,
 }
 
 impl StepCosts {
@@ -41,7 +44,28 @@ impl StepCosts {
             points: p,
             learn: 0.1,
             padded: None,
+            full_row_s: 0.0,
         })
+    }
+
+    /// The same costs for a target whose plain sampled rows cost less than rows with every
+    /// logit (a CPU target that bounds a plain round's logits instead of forming them: a
+    /// drafted sampled round forms all of them in every row, its anchor's included), each
+    /// of those costing `seconds` more (negative or non-finite: 0).
+    pub fn with_full_rows(self, seconds: f64) -> Self {
+        Self {
+            full_row_s: if seconds.is_finite() {
+                seconds.max(0.0)
+            } else {
+                0.0
+            },
+            ..self
+        }
+    }
+
+    /// Seconds a row with every logit costs over a bounded one ([`Self::with_full_rows`]).
+    pub fn full_row_s(&self) -> f64 {
+        self.full_row_s
     }
 
     /// The same costs for a target that pads every block of a step to the first of
@@ -450,6 +474,15 @@ mod tests {
         assert_eq!(c.seconds(8), 28.0);
         assert_eq!(c.seconds(12), 40.0);
         assert!(StepCosts::new(&[(0, 1.0), (3, f64::NAN)]).is_none());
+    }
+
+    #[test]
+    fn full_rows_cost_what_was_measured_and_never_less_than_nothing() {
+        let c = costs(&[(1, 0.01)]);
+        assert_eq!(c.full_row_s(), 0.0);
+        assert_eq!(c.clone().with_full_rows(0.003).full_row_s(), 0.003);
+        assert_eq!(c.clone().with_full_rows(-0.003).full_row_s(), 0.0);
+        assert_eq!(c.with_full_rows(f64::NAN).full_row_s(), 0.0);
     }
 
     #[test]

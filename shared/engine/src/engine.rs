@@ -28,6 +28,7 @@ use crate::stats::{RoundStats, SpecStats, Timing};
 
 #[path = "engine_verify.rs"]
 mod verify;
+use verify::bounds_plain_rows;
 
 /// What the caller's sink receives after the first token and after every round.
 #[derive(Debug, Clone, PartialEq)]
@@ -193,10 +194,12 @@ impl<'e> Generation<'e> {
             true => Some(engine.starting_policy(&req.sampling, gamma)?),
             false => None,
         };
+        let controls = req.controls(engine.tokenizer.stop_ids());
+        let bounded = bounds_plain_rows(req, &controls);
         let shed = seat
             .as_ref()
             .zip(policy.as_ref())
-            .is_some_and(|(s, p)| s.sheds(p));
+            .is_some_and(|(s, p)| s.sheds(p, bounded));
         stats.shed = u64::from(shed);
         let drafting = match proposer {
             Some(p) if gamma > 0 && !shed => Drafting::open(
@@ -215,7 +218,7 @@ impl<'e> Generation<'e> {
             cache: engine.model.start(plan.cache_positions()),
             vocab: facts.vocab_size,
             sampler: Sampler::new(req.sampling)?,
-            controls: req.controls(engine.tokenizer.stop_ids()),
+            controls,
             history: History::new(&req.prompt),
             logprobs: Logprobs::default(),
             output: Output::new(req.stop_config(engine.tokenizer.stop_ids())),
@@ -264,7 +267,9 @@ impl<'e> Generation<'e> {
             }
             return self.gamma;
         };
-        let scheduled = (self.seat.as_ref()).and_then(|seat| seat.schedule(seat.drafts(policy)));
+        let bounded = bounds_plain_rows(self.req, &self.controls);
+        let scheduled =
+            (self.seat.as_ref()).and_then(|seat| seat.schedule(seat.drafts(policy, bounded)));
         match scheduled {
             Some((0, sessions)) if policy.probe_due(sessions) => 1,
             Some((gamma, _)) => gamma,

@@ -7,7 +7,7 @@
 use candle_core::Tensor;
 use tandem_core::{
     accept_greedy, argmax, distribution, distribution_of, draw_bounded, min_p_mask, token_logprob,
-    DraftBlock, ExpectedKept, SnapshotSpec, Verdict, Verification,
+    DraftBlock, ExpectedKept, LogitControls, SnapshotSpec, Verdict, Verification,
 };
 use tandem_gemma::{argmax_rows, BoundedRow, GemmaError, LogitsMode, TopRow};
 
@@ -16,6 +16,7 @@ use crate::device_rows::reducible;
 use crate::error::{EngineError, Result};
 use crate::fetch::{accept_fetching, fetches, plain_draw};
 use crate::models::TargetStep;
+use crate::request::GenerationRequest;
 
 impl Generation<'_> {
     /// A round's forward of `block` at `n`; a plain round whose target draws in its shared
@@ -152,15 +153,10 @@ impl Generation<'_> {
 
 impl Generation<'_> {
     /// Whether a plain round (or the prefill) asks its target for bounds on its last row's
-    /// logits instead of the logits ([`LogitsMode::Bounded`]): sampled at a temperature
-    /// alone, token-wise (seeded rounds draw by the inverse distribution, as their drafted
-    /// rounds do), with no controls and no log-probabilities (`full`).
+    /// logits instead of the logits ([`LogitsMode::Bounded`]): [`bounds_plain_rows`], and
+    /// the round needs no full row (`full`).
     pub(super) fn bounds_plain(&self, full: bool) -> bool {
-        let params = &self.req.sampling;
-        self.req.verification == Verification::Token
-            && !full
-            && !self.controls.is_active(params.temperature)
-            && reducible(params)
+        !full && bounds_plain_rows(self.req, &self.controls)
     }
 
     /// A plain round's token from its row's bounds ([`draw_bounded`], uniforms from the
@@ -187,6 +183,17 @@ impl Generation<'_> {
             }
         }
     }
+}
+
+/// Whether `req`'s plain rounds draw from bounded rows: sampled at a temperature alone,
+/// token-wise (seeded rounds draw by the inverse distribution, as their drafted rounds do),
+/// with no controls and no log-probabilities.
+pub(super) fn bounds_plain_rows(req: &GenerationRequest, controls: &LogitControls) -> bool {
+    let params = &req.sampling;
+    req.verification == Verification::Token
+        && req.logprobs.is_none()
+        && !controls.is_active(params.temperature)
+        && reducible(params)
 }
 
 /// The first `rows` rows of a `[m, vocab]` logits tensor.

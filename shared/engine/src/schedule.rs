@@ -191,12 +191,19 @@ impl Seat<'_> {
     }
 
     /// What an adaptive generation with `policy` brings the batch each round: the
-    /// survivals it expects and its drafting and per-row seconds.
-    pub fn drafts(&self, policy: &GammaPolicy) -> Drafts {
+    /// survivals it expects and its drafting and per-row seconds. A generation whose plain
+    /// rounds only bound their logits (`bounded`) pays for forming them all when it drafts:
+    /// each drafted row and, once a round, its anchor's row cost the target's
+    /// [`StepCosts::full_row_s`] more.
+    pub fn drafts(&self, policy: &GammaPolicy, bounded: bool) -> Drafts {
+        let full = match bounded {
+            true => self.scheduler.published().costs.full_row_s(),
+            false => 0.0,
+        };
         Drafts {
             survival: policy.survival(),
-            draft_s: self.draft_seconds(policy),
-            row_s: policy.row_seconds(),
+            draft_s: self.draft_seconds(policy) + full,
+            row_s: policy.row_seconds() + full,
         }
     }
 
@@ -209,8 +216,8 @@ impl Seat<'_> {
     /// rows, no lookup, no question a round), as each of those would cost every step of
     /// the batch. Alone it never sheds. The first shed after admissions that were not, and
     /// the reverse, are logged.
-    pub fn sheds(&self, policy: &GammaPolicy) -> bool {
-        let drafts = self.drafts(policy);
+    pub fn sheds(&self, policy: &GammaPolicy, bounded: bool) -> bool {
+        let drafts = self.drafts(policy, bounded);
         let certain = Drafts {
             survival: vec![1.0; drafts.survival.len()],
             ..drafts
@@ -305,22 +312,45 @@ mod tests {
         let policy = GammaPolicy::new(tandem_core::GammaPolicyConfig::new(4)).expect("policy");
         let first = s.seat();
         // Alone a generation keeps its own policy.
-        assert!(!first.sheds(&policy));
+        assert!(!first.sheds(&policy, false));
         // Beside one other, four sure drafts (every block padded to 8 rows) pay.
-        assert!(!s.seat().sheds(&policy));
+        assert!(!s.seat().sheds(&policy, false));
         let crowd: Vec<Seat<'_>> = (0..30).map(|_| s.seat()).collect();
         crowd.iter().for_each(|c| c.fixed(0, 1.0));
         step(&s, 32, 0.0025);
         // Beside thirty-two plain generations, one block of 8 makes a step of 264 rows:
         // even sure drafts do not pay, and the newcomer counts as one plain row.
         let newcomer = s.seat();
-        assert!(newcomer.sheds(&policy));
+        assert!(newcomer.sheds(&policy, false));
         step(&s, 33, 0.0026);
         let standing = s.published().standing.get(&newcomer.id).copied();
         assert_eq!(standing, Some(Standing::Fixed(Unscheduled::PLAIN)));
         drop(crowd);
         step(&s, 3, 0.002);
-        assert!(!s.seat().sheds(&policy), "the crowd gone, drafts pay again");
+        assert!(
+            !s.seat().sheds(&policy, false),
+            "the crowd gone, drafts pay again"
+        );
+    }
+
+    /// A generation whose plain rows are bounded prices its drafted rounds with the rows
+    /// of every logit they form: beside a plain generation, a sure draft that pays for one
+    /// whose rows all cost the same does not pay for it.
+    #[test]
+    fn bounded_generations_pay_for_their_full_rows() {
+        let points: Vec<(usize, f64)> = [1, 8, 64]
+            .iter()
+            .map(|r| (*r, 0.010 + 0.005 * *r as f64))
+            .collect();
+        let costs = StepCosts::new(&points).expect("costs").with_full_rows(0.02);
+        let s = DraftScheduler::new(costs);
+        let policy = GammaPolicy::new(tandem_core::GammaPolicyConfig::new(2)).expect("policy");
+        let (a, _b) = (s.seat(), s.seat());
+        let (plain, bounded) = (a.drafts(&policy, false), a.drafts(&policy, true));
+        assert_eq!(bounded.row_s, plain.row_s + 0.02);
+        assert_eq!(bounded.draft_s, plain.draft_s + 0.02);
+        assert!(!a.sheds(&policy, false));
+        assert!(a.sheds(&policy, true));
     }
 
     #[test]
