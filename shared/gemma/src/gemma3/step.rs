@@ -30,7 +30,6 @@ pub struct Segment<'a> {
 }
 
 /// A segment's logits, top rows or bounded row (one of them, or none).
-#[derive(Default)]
 struct HeadOutput {
     logits: Option<Tensor>,
     top: Option<Vec<TopRow>>,
