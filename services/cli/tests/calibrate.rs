@@ -79,9 +79,9 @@ fn calibration_lowers_held_out_error_and_is_used_by_the_drafter() {
         "--prompts",
         prompts,
         // Fewer rounds leave the sign of the held-out change to chance: at 16 prompts of
-        // 48 tokens (about 200 held-out drafted tokens a regime) the error of T = 0.7 rose
-        // for some seeds and fell for others with either draw of plain rounds; at 32 of 64
-        // it fell for seeds 0-3.
+        // 48 tokens (about 200 held-out drafted tokens a regime) the error at T = 0.7 rose
+        // for two seeds of four, and the greedy one rose at 16 of 64; at 32 of 64 both
+        // fell for seeds 0-3.
         "--prompts-per-file",
         "32",
         "--max-tokens",
