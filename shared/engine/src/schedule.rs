@@ -260,13 +260,17 @@ mod tests {
         }
     }
 
-    fn scheduler() -> DraftScheduler {
-        // A step costs 10 ms plus 5 ms a row.
+    /// A step costs 10 ms plus 5 ms a row.
+    fn costs() -> StepCosts {
         let points: Vec<(usize, f64)> = [1, 8, 64]
             .iter()
             .map(|r| (*r, 0.010 + 0.005 * *r as f64))
             .collect();
-        DraftScheduler::new(StepCosts::new(&points).expect("costs"))
+        StepCosts::new(&points).expect("costs")
+    }
+
+    fn scheduler() -> DraftScheduler {
+        DraftScheduler::new(costs())
     }
 
     fn step(s: &DraftScheduler, rows: usize, seconds: f64) {
@@ -338,12 +342,7 @@ mod tests {
     /// whose rows all cost the same does not pay for it.
     #[test]
     fn bounded_generations_pay_for_their_full_rows() {
-        let points: Vec<(usize, f64)> = [1, 8, 64]
-            .iter()
-            .map(|r| (*r, 0.010 + 0.005 * *r as f64))
-            .collect();
-        let costs = StepCosts::new(&points).expect("costs").with_full_rows(0.02);
-        let s = DraftScheduler::new(costs);
+        let s = DraftScheduler::new(costs().with_full_rows(0.02));
         let policy = GammaPolicy::new(tandem_core::GammaPolicyConfig::new(2)).expect("policy");
         let (a, _b) = (s.seat(), s.seat());
         let (plain, bounded) = (a.drafts(&policy, false), a.drafts(&policy, true));

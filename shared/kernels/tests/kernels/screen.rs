@@ -23,6 +23,44 @@ fn matrix(n: usize, k: usize, dup: usize, rng: &mut Rng) -> LaneMatrix {
     LaneMatrix::pack(&w).expect("quantized")
 }
 
+/// A screened case: a `matrix` of `n` outputs and `32 · blocks` inputs, its screen, `m`
+/// activation rows with an outlier every 29th value (row `broken`, where it is one, starts
+/// with an infinity) and their product on the portable loop.
+struct Case {
+    k: usize,
+    w: LaneMatrix,
+    screen: ArgmaxScreen,
+    x: Vec<f32>,
+    z: Vec<f32>,
+}
+
+fn case(
+    (n, blocks, m, dup): (usize, usize, usize, usize),
+    outlier: f32,
+    broken: Option<usize>,
+    seed: u64,
+) -> Case {
+    let k = 32 * blocks;
+    let mut rng = Rng::new(seed);
+    let w = matrix(n, k, dup, &mut rng);
+    let screen = ArgmaxScreen::new(&w).expect("Q8_0");
+    let mut x: Vec<f32> = (0..m * k)
+        .map(|i| {
+            if i % 29 == 3 {
+                outlier * rng.unit()
+            } else {
+                rng.unit()
+            }
+        })
+        .collect();
+    if let Some(r) = broken.filter(|&r| r < m) {
+        x[r * k] = f32::INFINITY;
+    }
+    let mut z = vec![0f32; m * n];
+    w.matmul_with(Isa::Scalar, &x, m, &mut z).expect("product");
+    Case { k, w, screen, x, z }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -37,19 +75,8 @@ proptest! {
         top in 1usize..40,
         seed in any::<u64>(),
     ) {
-        let k = 32 * blocks;
-        let mut rng = Rng::new(seed);
-        let w = matrix(n, k, dup, &mut rng);
-        let screen = ArgmaxScreen::new(&w).expect("Q8_0");
-        let mut x: Vec<f32> = (0..m * k)
-            .map(|i| if i % 29 == 3 { outlier * rng.unit() } else { rng.unit() })
-            .collect();
-        if let Some(r) = broken.filter(|&r| r < m) {
-            x[r * k] = f32::INFINITY;
-        }
+        let Case { w, screen, x, z, .. } = case((n, blocks, m, dup), outlier, broken, seed);
         let got = screen.top_rows(&w, &x, m, top).expect("top rows");
-        let mut z = vec![0f32; m * n];
-        w.matmul_with(Isa::Scalar, &x, m, &mut z).expect("product");
         for (row, z) in got.rows.iter().zip(z.chunks_exact(n)) {
             prop_assert_eq!(row.first_max(), first_max(z));
             for (&j, &v) in row.ids.iter().zip(&row.values) {
@@ -72,19 +99,8 @@ proptest! {
         broken in proptest::option::of(0usize..14),
         seed in any::<u64>(),
     ) {
-        let k = 32 * blocks;
-        let mut rng = Rng::new(seed);
-        let w = matrix(n, k, 0, &mut rng);
-        let screen = ArgmaxScreen::new(&w).expect("Q8_0");
-        let mut x: Vec<f32> = (0..m * k)
-            .map(|i| if i % 29 == 3 { outlier * rng.unit() } else { rng.unit() })
-            .collect();
-        if let Some(r) = broken.filter(|&r| r < m) {
-            x[r * k] = f32::INFINITY;
-        }
+        let Case { k, w, screen, x, z } = case((n, blocks, m, 0), outlier, broken, seed);
         let got = screen.upper_rows(&w, &x, m).expect("upper rows");
-        let mut z = vec![0f32; m * n];
-        w.matmul_with(Isa::Scalar, &x, m, &mut z).expect("product");
         for (r, (row, z)) in got.iter().zip(z.chunks_exact(n)).enumerate() {
             let x = &x[r * k..][..k];
             prop_assert_eq!(row.exact, !ArgmaxScreen::available() || broken == Some(r));
