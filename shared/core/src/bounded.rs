@@ -5,14 +5,17 @@
 //! bound) is kept with probability `e^{(z_j − u_j)/T}`, from its one exact logit `z_j`, so
 //! the tokens kept follow `softmax(z/T)`: the proposal times the keeping is `e^{z_j/T}` up
 //! to one normaliser. Each try costs two uniforms and one exact logit; a try keeps its
-//! token with probability `Σ e^{z/T} / Σ e^{u/T}`.
+//! token with probability `Σ e^{z/T} / Σ e^{u/T}`. Block sums are in f64 over eight lanes
+//! ([`tandem_kernels::lane_sum`]); a proposal's walk sums in id order, so the two may part
+//! in the last bits, and a walk that rounding carries past its block goes on into the next.
 //!
 //! A draw that has kept nothing after [`TRIES_BEFORE_HEAD`] tries goes on with the ids of
 //! the highest bounds (at most [`HEAD`]) proposed with their exact weights and always kept:
 //! any set may be, and without it a low temperature would keep almost no try (bounds
 //! 1.1–1.6 logits above the logits make `e^{(z − u)/T}` about `e^{−13}` at T = 0.1), while
-//! the ids that hold most of the mass have the highest bounds. Every try's token, kept,
-//! follows the softmax, so a draw that changes its proposal midway does too.
+//! the ids that hold most of the mass have the highest bounds (a head id costs one uniform).
+//! Every try's token, kept, follows the softmax, so a draw that changes its proposal midway
+//! does too.
 //!
 //! The proposal's weights are [`tandem_kernels::softmax_weights`]'s (f32 exponentials of
 //! f32 arguments, as [`crate::distribution`] makes them from exact logits); the keeping is
@@ -54,7 +57,10 @@ pub fn draw_bounded(
     if !(total.is_finite() && total > 0.0) {
         return None;
     }
-    let mut sums: Vec<f64> = weights.chunks(BLOCK).map(lane_sum).collect();
+    let mut sums: Vec<f64> = weights
+        .chunks(BLOCK)
+        .map(tandem_kernels::lane_sum)
+        .collect();
     let mut total: f64 = sums.iter().sum();
     let mut head = Vec::new();
     for t in 0..MAX_TRIES {
@@ -62,7 +68,7 @@ pub fn draw_bounded(
             head = exact_head(upper, scale, &mut weights, &mut logit)?;
             for b in head.iter().map(|&j| j as usize / BLOCK) {
                 let block = &weights[b * BLOCK..((b + 1) * BLOCK).min(weights.len())];
-                sums[b] = lane_sum(block);
+                sums[b] = tandem_kernels::lane_sum(block);
             }
             total = sums.iter().sum();
         }
@@ -83,16 +89,16 @@ pub fn draw_bounded(
 }
 
 /// Gives the (at most [`HEAD`]) ids with the highest bounds, within [`HEAD_SPAN`] of the
-/// highest, their exact weights on the
-/// proposal's scale (`e^{(z − top)/T}` where the others are `e^{(u − top)/T}`, `top` the
-/// highest bound) and returns them, ascending; `None` for a non-finite logit among them.
+/// highest, their exact weights on the proposal's scale (`e^{(z − top)/T}` where the others
+/// are `e^{(u − top)/T}`, `top` the highest bound) and returns them, ascending; `None` for
+/// a non-finite logit among them.
 fn exact_head(
     upper: &[f32],
     scale: f32,
     weights: &mut [f32],
     logit: &mut impl FnMut(u32) -> f32,
 ) -> Option<Vec<u32>> {
-    let top = lane_max(upper);
+    let top = tandem_kernels::lane_max(upper);
     // Bounds within `HEAD_SPAN` of the highest: where few are, the ids below weigh little
     // (at most e^{−HEAD_SPAN/T} of the top each) and are kept by their tries.
     let floor = top - HEAD_SPAN;
@@ -124,35 +130,6 @@ fn exact_head(
         weights[j as usize] = tandem_kernels::exp((z - top) * scale);
     }
     Some(ids)
-}
-
-/// The largest of `x`, over sixteen running lanes (the value one running maximum gives).
-fn lane_max(x: &[f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; 16];
-    let chunks = x.chunks_exact(16);
-    let rest = (chunks.remainder().iter()).fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    for c in chunks {
-        for (l, &v) in lanes.iter_mut().zip(c) {
-            *l = l.max(v);
-        }
-    }
-    lanes.iter().fold(rest, |m, &v| m.max(v))
-}
-
-/// The sum of `w` in f64, over eight running lanes (one sequential sum of 262,144 weights is
-/// bound by the latency of its additions: a tenth of a draw's time). A proposal's walk sums
-/// in id order, so the two may part in the last bits; a walk that rounding carries past its
-/// block goes on into the next one.
-fn lane_sum(w: &[f32]) -> f64 {
-    let mut lanes = [0f64; 8];
-    let chunks = w.chunks_exact(8);
-    let tail: f64 = chunks.remainder().iter().map(|&x| f64::from(x)).sum();
-    for c in chunks {
-        for (l, &x) in lanes.iter_mut().zip(c) {
-            *l += f64::from(x);
-        }
-    }
-    lanes.iter().sum::<f64>() + tail
 }
 
 /// The first id whose cumulative weight (in id order) passes `target`; where rounding
@@ -246,7 +223,10 @@ mod tests {
         weights[3] = 1.0;
         weights[BLOCK + 5] = 2.0;
         weights[2 * BLOCK + 1] = 1.0;
-        let sums: Vec<f64> = weights.chunks(BLOCK).map(lane_sum).collect();
+        let sums: Vec<f64> = weights
+            .chunks(BLOCK)
+            .map(tandem_kernels::lane_sum)
+            .collect();
         let at = |t| propose(&weights, &sums, t);
         assert_eq!(at(0.0), Some(3));
         assert_eq!(at(0.999), Some(3));

@@ -132,4 +132,6 @@ pub use lanes::LaneMatrix;
 pub use matrix::QMatrix;
 pub use qtype::QType;
 pub use screen::{first_max, ArgmaxScreen, TopRow, TopRows, UpperRow};
-pub use vector::{dot, exp, gelu_tanh_mul, rms_norm, rms_norm_rows, softcap, softmax_weights};
+pub use vector::{
+    dot, exp, gelu_tanh_mul, lane_max, lane_sum, rms_norm, rms_norm_rows, softcap, softmax_weights,
+};

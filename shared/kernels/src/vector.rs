@@ -122,9 +122,18 @@ fn softmax_weights_avx2(x: &[f32], scale: f32, out: &mut [f32]) -> f64 {
 
 #[inline(always)]
 fn softmax_weights_body(x: &[f32], scale: f32, out: &mut [f32]) -> f64 {
-    // The maximum of sixteen lanes, then of the lanes: the same value as one running
-    // maximum (only the sign of a zero maximum can differ, which no weight sees), in a
-    // loop that vectorizes.
+    let max = lane_max(x);
+    for (o, v) in out.iter_mut().zip(x) {
+        *o = exp((*v - max) * scale);
+    }
+    lane_sum(out)
+}
+
+/// The largest of `x` (−∞ for none): the maximum of sixteen lanes, then of the lanes — the
+/// same value as one running maximum (only the sign of a zero maximum can differ), in a loop
+/// that vectorizes.
+#[inline(always)]
+pub fn lane_max(x: &[f32]) -> f32 {
     let mut highest = [f32::NEG_INFINITY; 16];
     let chunks = x.chunks_exact(16);
     let rest = chunks
@@ -137,12 +146,15 @@ fn softmax_weights_body(x: &[f32], scale: f32, out: &mut [f32]) -> f64 {
             *h = h.max(*v);
         }
     }
-    let max = highest.iter().copied().fold(rest, f32::max);
-    for (o, v) in out.iter_mut().zip(x) {
-        *o = exp((*v - max) * scale);
-    }
+    highest.iter().copied().fold(rest, f32::max)
+}
+
+/// The sum of `x` in f64 over eight running lanes (then the lanes, then the remainder): a
+/// loop that vectorizes, where one running sum is bound by the latency of its additions.
+#[inline(always)]
+pub fn lane_sum(x: &[f32]) -> f64 {
     let mut lanes = [0f64; 8];
-    let chunks = out.chunks_exact(8);
+    let chunks = x.chunks_exact(8);
     let tail: f64 = chunks.remainder().iter().map(|e| *e as f64).sum();
     for c in chunks {
         for (l, e) in lanes.iter_mut().zip(c) {
