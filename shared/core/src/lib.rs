@@ -16,6 +16,8 @@ pub mod identity;
 pub mod logprobs;
 pub mod lookup;
 pub mod proposer;
+pub mod routed;
+pub mod router;
 pub mod rows;
 pub mod sampling;
 pub mod schedule;
@@ -37,6 +39,8 @@ pub use logprobs::{token_logprob, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use proposer::{
     DraftBlock, DraftSource, ProposeError, ProposeRequest, Proposer, ProposerSession,
 };
+pub use routed::{Route, RouteObserver, Routed};
+pub use router::{FitConfig, RouterError, TokenRouter};
 pub use rows::{BuiltRows, TargetRows};
 pub use sampling::{
     argmax, distribution, distribution_of, Sampler, SamplingError, SamplingParams, SparseDist,

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use crate::batching::StepObserver;
+use crate::routed::RouteObserver;
 use crate::sampling::{SamplingParams, SparseDist};
 use crate::snapshot::{SnapshotRows, SnapshotSpec};
 
@@ -119,6 +120,11 @@ pub trait Proposer: Send + Sync {
     /// where sessions draft alone.
     fn observe_steps(&self, _observer: Arc<dyn StepObserver>) -> bool {
         false
+    }
+    /// Has `observer` told of every session's route and returns the routes' names; none
+    /// (and nothing happens) where the proposer does not route ([`crate::routed`]).
+    fn observe_routes(&self, _observer: Arc<dyn RouteObserver>) -> Vec<String> {
+        Vec::new()
     }
     /// Pays what first use costs (a device drafter captures its steps as CUDA graphs)
     /// before traffic does: one greedy session over zero rows appended [`WARM_UP_PREFIX`]
