@@ -33,6 +33,7 @@ mod grow;
 mod model;
 mod params;
 mod proposer;
+mod router_set;
 mod train;
 
 pub use batch::DraftJob;
@@ -49,4 +50,5 @@ pub use error::{DsparkError, Result};
 pub use grow::Growth;
 pub use model::Dspark;
 pub use proposer::{BlockDrafter, DsparkProposer};
+pub use router_set::{is_set, RouteSpec, RouterManifest, ROUTER_FILE};
 pub use train::{TrainBatch, TrainOutput};

@@ -118,8 +118,8 @@ impl Params {
         Self::assemble(cfg, vars)
     }
 
-    /// Parameters from loaded tensors; every name must be present with its exact shape
-    /// and dtype f32.
+    /// Parameters from loaded tensors; every name must be present with its exact shape,
+    /// stored in f32, f16 or bf16 (the narrower ones widened to f32 here).
     pub fn from_tensors(
         cfg: &DsparkConfig,
         dims: &TargetDims,
@@ -131,14 +131,15 @@ impl Params {
             let t = tensors
                 .remove(&name)
                 .ok_or_else(|| DsparkError::Invalid(format!("parameter {name} is missing")))?;
-            if t.dims() != shape.as_slice() || t.dtype() != DType::F32 {
+            let stored = [DType::F32, DType::F16, DType::BF16].contains(&t.dtype());
+            if t.dims() != shape.as_slice() || !stored {
                 return Err(DsparkError::Invalid(format!(
-                    "parameter {name} is {:?} {:?}, expected F32 {shape:?}",
+                    "parameter {name} is {:?} {:?}, expected F32 (or F16, BF16) {shape:?}",
                     t.dtype(),
                     t.dims()
                 )));
             }
-            vars.insert(name, Var::from_tensor(&t)?);
+            vars.insert(name, Var::from_tensor(&t.to_dtype(DType::F32)?)?);
         }
         if let Some(extra) = tensors.keys().next() {
             return Err(DsparkError::Invalid(format!(
