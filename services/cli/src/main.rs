@@ -26,6 +26,7 @@ mod scrape;
 mod serve;
 mod soak_client;
 mod train_drafter;
+mod train_router;
 
 use clap::{Parser, Subcommand};
 
@@ -51,6 +52,9 @@ enum Command {
     Up(serve::UpArgs),
     /// Distil a DSpark drafter from the target on text from a corpus.
     TrainDrafter(train_drafter::TrainArgs),
+    /// Fit the router of a set of DSpark drafters (which drafter drafts a generation,
+    /// from its prompt's tokens) on text of each route.
+    TrainRouter(train_router::TrainRouterArgs),
     /// Fit the calibration of a DSpark drafter's confidences on rounds of the target and
     /// save it beside the drafter.
     Calibrate(calibrate::CalibrateArgs),
@@ -69,6 +73,7 @@ fn main() {
         Command::Verifier(args) => serve::verifier(args),
         Command::Up(args) => serve::up(args),
         Command::TrainDrafter(args) => train_drafter::run(args),
+        Command::TrainRouter(args) => train_router::run(args),
         Command::Calibrate(args) => calibrate::run(args),
     };
     if let Err(e) = result {

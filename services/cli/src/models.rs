@@ -234,7 +234,8 @@ impl ModelArgs {
         self.resolve(&self.tokenizer, DEFAULT_TOKENIZER, "tokenizer")
     }
 
-    fn load_tokenizer(&self) -> Result<GemmaTokenizer> {
+    /// The target's tokenizer.
+    pub fn load_tokenizer(&self) -> Result<GemmaTokenizer> {
         Ok(GemmaTokenizer::from_file(&self.tokenizer_path()?)?)
     }
 

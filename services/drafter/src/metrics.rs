@@ -3,12 +3,15 @@
 use std::sync::Arc;
 
 use tandem_core::batching::{StepObserver, StepReport};
+use tandem_core::RouteObserver;
 use tandem_telemetry::{Counter, Gauge, Histogram, Registry};
 
 use crate::error::DrafterError;
 
 const ERRORS: &str = "tandem_drafter_errors_total";
 const ERRORS_HELP: &str = "Drafting sessions ended by an error, by type.";
+const ROUTED: &str = "tandem_drafter_routed_sessions_total";
+const ROUTED_HELP: &str = "Sessions of a routed drafter set, by the route their prompt chose.";
 
 /// Handles of every drafter metric.
 pub struct DrafterMetrics {
@@ -26,7 +29,32 @@ pub struct DrafterMetrics {
     pub snapshot_bytes: Counter,
     /// What each batched drafting step drafted.
     pub batches: Arc<BatchMetrics>,
+    /// Which drafter each session of a routed set drafts with.
+    pub routes: Arc<RouteMetrics>,
     registry: Arc<Registry>,
+}
+
+/// Sessions per route of a routed drafter set (none where the drafter does not route).
+pub struct RouteMetrics(Arc<Registry>);
+
+impl RouteMetrics {
+    /// Registers every one of `routes` at 0.
+    pub fn register(&self, routes: &[String]) {
+        for r in routes {
+            self.0
+                .counter(ROUTED, ROUTED_HELP, &[("route", r.clone())])
+                .increment(0);
+        }
+    }
+}
+
+impl RouteObserver for RouteMetrics {
+    fn routed(&self, route: &str) {
+        self.0
+            .counter(ROUTED, ROUTED_HELP, &[("route", route.to_string())])
+            .increment(1);
+        tracing::debug!(route, "session routed");
+    }
 }
 
 /// Sessions, draft tokens and seconds of each batched drafting step (a proposer that
@@ -104,6 +132,7 @@ impl DrafterMetrics {
                     &[],
                 ),
             }),
+            routes: Arc::new(RouteMetrics(Arc::clone(r))),
             registry,
         }
     }

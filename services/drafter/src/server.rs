@@ -33,6 +33,11 @@ impl Drafter {
             true => tracing::info!("blocks of sessions that ask at once are drafted in one pass"),
             false => tracing::info!("each session's blocks are drafted alone"),
         }
+        let routes = proposer.observe_routes(metrics.routes.clone());
+        if !routes.is_empty() {
+            metrics.routes.register(&routes);
+            tracing::info!("each session drafts with one of {routes:?}, chosen by its prompt");
+        }
         let drain = Drain::new();
         Self {
             service: DrafterService::new(proposer, cfg, metrics, Arc::clone(&drain)),
