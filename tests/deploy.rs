@@ -48,7 +48,8 @@ fn families(series: &std::collections::BTreeMap<String, f64>) -> BTreeSet<String
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exported_families_are_exactly_deploy_metrics_txt() {
-    let d = start_drafter().await;
+    // The shipped drafters: a routed set exports its routes too.
+    let d = start_drafter_on("127.0.0.1", shipped_set(), target()).await;
     let v = start_verifier(VerifierSetup {
         drafters: vec![d.url.clone()],
         ..Default::default()
@@ -68,6 +69,11 @@ async fn exported_families_are_exactly_deploy_metrics_txt() {
         exported, listed,
         "update deploy/metrics.txt (and the dashboard) with the services"
     );
+    // "Hello" is no documentation: the general drafter drafted it.
+    let routed = scrape(d.metrics).await;
+    let series =
+        |route: &str| routed[&format!("tandem_drafter_routed_sessions_total{{route=\"{route}\"}}")];
+    assert_eq!((series("docs"), series("general")), (0.0, 1.0));
 }
 
 /// Drafts by following the target's own bigrams (learned from its plain output): right

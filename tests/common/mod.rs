@@ -1,6 +1,6 @@
 //! Shared harness of the end-to-end tests: the real Gemma 3 270M (fetched by
 //! scripts/fetch-models.sh; tests never download), a randomly initialised DSpark drafter,
-//! and real drafter and verifier servers on 127.0.0.1:0 with their /metrics endpoints,
+//! the shipped drafters, and real drafter and verifier servers on 127.0.0.1:0 with their /metrics endpoints,
 //! plaintext and open or secured ([`Secure`]: TLS, mutual TLS, bearer tokens), a
 //! verifier's OpenAI-compatible HTTP API among them ([`http`]: a raw HTTP/1.1 client).
 #![allow(missing_docs, clippy::unwrap_used)]
@@ -12,10 +12,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tandem_core::{Proposer, TargetIdentity};
+use tandem_core::{Proposer, Route, Routed, TargetIdentity};
 use tandem_drafter::{Drafter, DrafterConfig};
 use tandem_dspark::{
-    BatchedDrafter, DraftBatching, Dspark, DsparkConfig, DsparkProposer, TargetDims,
+    BatchedDrafter, DraftBatching, Dspark, DsparkConfig, DsparkProposer, RouterManifest, TargetDims,
 };
 use tandem_engine::{BatchLimits, Engine, Placement, TargetFiles};
 use tandem_proto::v1 as pb;
@@ -173,6 +173,31 @@ pub fn shipped_drafter() -> Arc<BatchedProposer> {
             batched(model, &head)
         })
         .clone()
+}
+
+/// The routed set `--drafter shipped` loads (drafters/gemma-3-270m-router) over the real
+/// target, each route drafting in batches (loaded once per test binary).
+pub fn shipped_set() -> Arc<Routed> {
+    static SET: OnceLock<Arc<Routed>> = OnceLock::new();
+    SET.get_or_init(|| {
+        let head = engine().model().head().expect("a Gemma 3 head");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../drafters/gemma-3-270m-router");
+        let m = RouterManifest::read(&dir).expect("the shipped router");
+        let routes = (m.routes.iter().zip(m.drafter_dirs(&dir)))
+            .map(|(spec, dir)| {
+                let model = Dspark::load(&dir, &head).expect("a shipped drafter loads");
+                let proposer: Arc<dyn Proposer> = batched(model, &head);
+                Route {
+                    name: spec.name.clone(),
+                    proposer,
+                }
+            })
+            .collect();
+        let default = m.default_index().expect("a default route");
+        Arc::new(Routed::new(routes, m.router, default).expect("the set routes"))
+    })
+    .clone()
 }
 
 /// `model` as a proposer drafting in batches with the default limits.

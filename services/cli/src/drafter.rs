@@ -1,8 +1,9 @@
 //! Which drafter the CLI runs, chosen by what `--drafter` names: `shipped` (the default: the
-//! DSpark drafter trained for Gemma 3 270M in `drafters/gemma-3-270m-dspark`), a Gemma 4
-//! assistant directory (its config.json says `gemma4_assistant`; the target must be the
-//! Gemma 4 HF directory given as `--model`), a DSpark checkpoint directory, or `random`, a
-//! randomly initialised small DSpark drafter (acceptance near zero; speculation stays
+//! routed set of DSpark drafters for Gemma 3 270M in `drafters/gemma-3-270m-router`), a
+//! routed set's folder (its `router.json` names the drafters, [`tandem_dspark::RouterManifest`]), a
+//! Gemma 4 assistant directory (its config.json says `gemma4_assistant`; the target must be
+//! the Gemma 4 HF directory given as `--model`), a DSpark checkpoint directory, or `random`,
+//! a randomly initialised small DSpark drafter (acceptance near zero; speculation stays
 //! lossless).
 
 use std::path::{Path, PathBuf};
@@ -14,8 +15,10 @@ use candle_core::Device;
 use clap::Args;
 use tandem_assistant::{AssistantOptions, AssistantProposer};
 use tandem_core::calibration::Calibration;
-use tandem_core::{Proposer, TargetIdentity};
-use tandem_dspark::{DraftBatching, Dspark, DsparkConfig, DsparkProposer, TargetDims};
+use tandem_core::{Proposer, Route, Routed, TargetIdentity};
+use tandem_dspark::{
+    is_set, DraftBatching, Dspark, DsparkConfig, DsparkProposer, RouterManifest, TargetDims,
+};
 use tandem_gemma::TargetHead;
 
 use crate::models::ModelArgs;
@@ -23,9 +26,10 @@ use crate::models::ModelArgs;
 /// Drafter selection flags.
 #[derive(Args, Debug, Clone)]
 pub struct DrafterArgs {
-    /// The drafter: `shipped` (the DSpark drafter trained for Gemma 3 270M that ships in
-    /// this repository), a Gemma 4 assistant directory, a DSpark checkpoint directory, or
-    /// `random` for a randomly initialised small DSpark drafter.
+    /// The drafter: `shipped` (the routed set of DSpark drafters for Gemma 3 270M that
+    /// ships in this repository), a routed set's folder (with a router.json), a Gemma 4
+    /// assistant directory, a DSpark checkpoint directory, or `random` for a randomly
+    /// initialised small DSpark drafter.
     #[arg(long, env = "TANDEM_DRAFTER", default_value = SHIPPED)]
     pub drafter: String,
     /// Seed of a random drafter's weights.
@@ -54,27 +58,44 @@ pub struct DrafterArgs {
 /// The `--drafter` value naming the shipped drafter.
 pub const SHIPPED: &str = "shipped";
 
-/// Where the shipped drafter lives: `drafters/gemma-3-270m-dspark` of the source tree this
-/// binary was built from (container images put it there too).
+/// Where the shipped drafters live: the routed set `drafters/gemma-3-270m-router` of the
+/// source tree this binary was built from (container images put it there too).
 fn shipped_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../drafters/gemma-3-270m-dspark")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../drafters/gemma-3-270m-router")
 }
 
 impl DrafterArgs {
-    /// The directory of the DSpark checkpoint `--drafter` names (none for `random`).
-    pub fn dir(&self) -> Result<Option<PathBuf>> {
+    /// The folder `--drafter` names (none for `random`): a DSpark checkpoint or a set.
+    fn folder(&self) -> Result<Option<PathBuf>> {
         let dir = match self.drafter.as_str() {
             "random" => return Ok(None),
             SHIPPED => shipped_dir(),
             path => PathBuf::from(path),
         };
-        if self.drafter == SHIPPED && !dir.join("dspark.json").is_file() {
+        if self.drafter == SHIPPED && !is_set(&dir) {
             bail!(
-                "the shipped drafter is not at {}: pass --drafter DIR or --drafter random",
+                "the shipped drafters are not at {}: pass --drafter DIR or --drafter random",
                 dir.display()
             );
         }
         Ok(Some(dir))
+    }
+
+    /// The directory of the DSpark checkpoint `--drafter` names (none for `random`); a
+    /// routed set has several, and is refused.
+    pub fn dir(&self) -> Result<Option<PathBuf>> {
+        let dir = self.folder()?;
+        if let Some(set) = dir.as_ref().filter(|d| is_set(d)) {
+            let dirs = RouterManifest::read(set)?.drafter_dirs(set);
+            bail!(
+                "--drafter {} is a routed set of drafters; name one of them ({})",
+                self.drafter,
+                (dirs.iter().map(|d| d.display().to_string()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        Ok(dir)
     }
 
     /// Loads (or initialises) the drafter for the target whose head is `head`.
@@ -164,6 +185,9 @@ impl DrafterArgs {
     /// drafter scores through `head` (the loaded target's) or, without one, through the
     /// head read from the target file, and runs where `--device` says.
     pub fn load_any(&self, models: &ModelArgs, head: Option<TargetHead>) -> Result<LoadedDrafter> {
+        if let Some(set) = self.folder()?.filter(|d| is_set(d)) {
+            return self.load_set(&set, models, head);
+        }
         if self.is_assistant()? {
             models.cpu_kernels()?;
             let (dir, target) = (Path::new(&self.drafter), models.model_path()?);
@@ -189,6 +213,54 @@ impl DrafterArgs {
             target: head.identity()?,
             proposer: self.proposer(&head, device.as_ref().map(|d| (d, models.cuda_graphs)))?,
             kind: "dspark",
+        })
+    }
+}
+
+impl DrafterArgs {
+    /// The routed set in `set`: each route's DSpark drafter loaded as `--drafter` would load
+    /// it alone (same flags), behind one [`Routed`] proposer.
+    fn load_set(
+        &self,
+        set: &Path,
+        models: &ModelArgs,
+        head: Option<TargetHead>,
+    ) -> Result<LoadedDrafter> {
+        let m = RouterManifest::read(set)?;
+        let head = match head {
+            Some(h) => h,
+            None => models.load_head()?,
+        };
+        let mut routes = Vec::new();
+        for (spec, dir) in m.routes.iter().zip(m.drafter_dirs(set)) {
+            let one = DrafterArgs {
+                drafter: dir.display().to_string(),
+                ..self.clone()
+            };
+            if is_set(&dir) {
+                bail!(
+                    "route {} of {}: a set inside a set",
+                    spec.name,
+                    set.display()
+                );
+            }
+            let loaded = one
+                .load_any(models, Some(head.clone()))
+                .with_context(|| format!("route {} of {}", spec.name, set.display()))?;
+            routes.push(Route {
+                name: spec.name.clone(),
+                proposer: loaded.proposer,
+            });
+        }
+        let default = m
+            .default_index()
+            .context("a checked manifest has its default")?;
+        let routed = Routed::new(routes, m.router.clone(), default)
+            .with_context(|| format!("routing {}", set.display()))?;
+        Ok(LoadedDrafter {
+            proposer: Arc::new(routed),
+            target: head.identity()?,
+            kind: "dspark-routed",
         })
     }
 }
