@@ -63,10 +63,13 @@ impl RouterManifest {
             path: path.clone(),
             source,
         })?;
-        let m: Self = serde_json::from_str(&text)
-            .map_err(|e| DsparkError::checkpoint(&path, e.to_string()))?;
-        m.check()
-            .map_err(|reason| DsparkError::checkpoint(&path, reason))?;
+        Self::parse(&text).map_err(|reason| DsparkError::checkpoint(&path, reason))
+    }
+
+    /// Parses and checks a manifest's text.
+    pub fn parse(text: &str) -> std::result::Result<Self, String> {
+        let m: Self = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        m.check()?;
         Ok(m)
     }
 

@@ -1,7 +1,8 @@
 //! Targets for the model and drafter files a service reads at start: a GGUF header (the
 //! loader's checks and the Gemma 3 config of its metadata), an HF `config.json`, the
 //! DSpark manifest (checked against the real target's dimensions), its calibration (then
-//! applied), a safetensors index and a safetensors file.
+//! applied), a safetensors index, a safetensors file and a routed set's `router.json` (then
+//! routing prompts).
 
 use std::io::Cursor;
 use std::path::Path;
@@ -10,7 +11,7 @@ use std::sync::OnceLock;
 use candle_core::Device;
 use tandem_core::calibration::Calibration;
 use tandem_core::DraftSource;
-use tandem_dspark::{check_manifest, index_shards, TargetDims};
+use tandem_dspark::{check_manifest, index_shards, RouterManifest, TargetDims};
 use tandem_gemma::{inspect_gguf, GemmaConfig};
 
 use crate::seeds::SHIPPED_MANIFEST;
@@ -89,4 +90,27 @@ pub fn safetensors_index(data: &[u8]) {
 /// A safetensors file, read into tensors as the drafter's loader reads its shards.
 pub fn safetensors(data: &[u8]) {
     let _ = candle_core::safetensors::load_buffer(data, &Device::Cpu);
+}
+
+/// A routed set's `router.json`, then prompts of several lengths routed by it.
+pub fn router_manifest(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(m) = RouterManifest::parse(text) else {
+        return;
+    };
+    assert!(m.default_index().is_some());
+    let ids = m.router.ids.iter().copied().take(64);
+    let prompts: [Vec<u32>; 4] = [
+        Vec::new(),
+        vec![u32::MAX],
+        ids.chain([0, 2, 262_143]).collect(),
+        (0..300).collect(),
+    ];
+    for p in &prompts {
+        let route = m.router.route(p);
+        assert!(route.is_none_or(|r| r < m.routes.len()), "{route:?}");
+        assert!(m.router.scores(p).iter().all(|s| s.is_finite()));
+    }
 }

@@ -8,7 +8,7 @@
 //!   on the real Gemma 3 270M, the drafter's stream messages, the drafter's answers to the
 //!   verifier).
 //! * [`files`]: model and drafter files (GGUF headers, HF `config.json`, the DSpark
-//!   manifest, its calibration, safetensors indexes and files).
+//!   manifest, its calibration, safetensors indexes and files, a routed set's router).
 //!
 //! [`TARGETS`] names each with its seeds ([`seeds`]); [`mutate`] is the deterministic
 //! mutator of the brief CI run (`tests/smoke.rs`). Long runs go through cargo-fuzz
@@ -75,5 +75,10 @@ pub const TARGETS: &[Target] = &[
         name: "safetensors",
         run: files::safetensors,
         seeds: seeds::safetensors_files,
+    },
+    Target {
+        name: "router_manifest",
+        run: files::router_manifest,
+        seeds: seeds::router_manifests,
     },
 ];

@@ -23,6 +23,7 @@ const SHIPPED_CALIBRATION: &str =
     include_str!("../../../drafters/gemma-3-270m-dspark/calibration.json");
 const SHIPPED_INDEX: &str =
     include_str!("../../../drafters/gemma-3-270m-dspark/model.safetensors.index.json");
+const SHIPPED_ROUTER: &str = include_str!("../../../drafters/gemma-3-270m-router/router.json");
 /// Bytes of the real GGUF's start kept as a seed (its metadata; the vocabulary is cut).
 const REAL_GGUF_PREFIX: u64 = 16 << 10;
 const TAPS: [usize; 4] = [5, 11, 17, 18];
@@ -238,6 +239,20 @@ pub fn dspark_manifests() -> Vec<Vec<u8>> {
     vec![SHIPPED_MANIFEST.into(), small.to_string().into_bytes()]
 }
 
+/// The shipped router, cut to its first 32 ids (quicker to mutate).
+pub fn router_manifests() -> Vec<Vec<u8>> {
+    let mut small: serde_json::Value = serde_json::from_str(SHIPPED_ROUTER).unwrap_or_default();
+    let router = &mut small["router"];
+    if let Some(v) = router["ids"].as_array_mut() {
+        v.truncate(32);
+    }
+    if let Some(rows) = router["log_probs"].as_array_mut() {
+        (rows.iter_mut().filter_map(|r| r.as_array_mut())).for_each(|r| r.truncate(32));
+    }
+    small["trained"] = serde_json::Value::Null;
+    vec![small.to_string().into_bytes()]
+}
+
 /// The shipped calibration.
 pub fn calibrations() -> Vec<Vec<u8>> {
     vec![SHIPPED_CALIBRATION.into()]
@@ -288,6 +303,8 @@ mod tests {
             tandem_dspark::check_manifest(text(&m), real_dims()).expect("manifest");
         }
         Calibration::from_json(text(&calibrations()[0])).expect("calibration");
+        let router = tandem_dspark::RouterManifest::parse(text(&router_manifests()[0]));
+        assert_eq!(router.expect("router").router.ids.len(), 32);
         let shards = tandem_dspark::index_shards(text(&safetensors_indexes()[0])).expect("index");
         assert_eq!(shards.len(), 3);
         let st = candle_core::safetensors::load_buffer(&safetensors_files()[0], &Device::Cpu);

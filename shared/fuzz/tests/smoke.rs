@@ -154,6 +154,7 @@ fuzz_tests!(
     calibration,
     safetensors_index,
     safetensors,
+    router_manifest,
 );
 
 #[test]
