@@ -1,10 +1,10 @@
 //! Which drafter the CLI runs, chosen by what `--drafter` names: `shipped` (the default: the
 //! routed set of DSpark drafters for Gemma 3 270M in `drafters/gemma-3-270m-router`), a
-//! routed set's folder (its `router.json` names the drafters, [`tandem_dspark::RouterManifest`]), a
-//! Gemma 4 assistant directory (its config.json says `gemma4_assistant`; the target must be
-//! the Gemma 4 HF directory given as `--model`), a DSpark checkpoint directory, or `random`,
-//! a randomly initialised small DSpark drafter (acceptance near zero; speculation stays
-//! lossless).
+//! routed set's folder (its `router.json` names the drafters,
+//! [`tandem_dspark::RouterManifest`]), a Gemma 4 assistant directory (its config.json says
+//! `gemma4_assistant`; the target must be the Gemma 4 HF directory given as `--model`), a
+//! DSpark checkpoint directory, or `random`, a randomly initialised small DSpark drafter
+//! (acceptance near zero; speculation stays lossless).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
