@@ -263,6 +263,9 @@ fn load_arms(engine: &Engine, a: &AbArgs) -> Result<Arms> {
         if a.gamma > p.max_gamma() {
             bail!("γ {} exceeds drafter {name}'s {}", a.gamma, p.max_gamma());
         }
+        // First-use costs (a device drafter's graphs, every drafter of a routed set) paid
+        // before any timed generation, as a drafter service pays them before serving.
+        p.warm_up()?;
         Ok(p)
     };
     Ok(Arms {
