@@ -6,7 +6,7 @@
 //! drafters behind a name stops and a new one appears.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -18,6 +18,7 @@ use tandem_core::{
     SnapshotRows, SnapshotSpec,
 };
 use tandem_e2e::*;
+use tandem_proto::v1 as pb;
 use tandem_verifier::{Lookup, Resolve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -69,11 +70,38 @@ async fn exported_families_are_exactly_deploy_metrics_txt() {
         exported, listed,
         "update deploy/metrics.txt (and the dashboard) with the services"
     );
-    // "Hello" is no documentation: the general drafter drafted it.
-    let routed = scrape(d.metrics).await;
-    let series =
-        |route: &str| routed[&format!("tandem_drafter_routed_sessions_total{{route=\"{route}\"}}")];
-    assert_eq!((series("docs"), series("general")), (0.0, 1.0));
+    // "Hello" is too short to route: the default (general) drafter drafted it. A docs
+    // prompt (token ids cut from a held-out documentation file) goes to the docs drafter:
+    // its tokens reached the drafter with the rows. (A session is routed when its rows are
+    // first sent, before its first draft; 24 tokens leave room for one past the lookups.)
+    let routed = |m: &BTreeMap<String, f64>, route: &str| {
+        m[&format!("tandem_drafter_routed_sessions_total{{route=\"{route}\"}}")]
+    };
+    let after_hello = scrape(d.metrics).await;
+    assert_eq!(
+        (
+            routed(&after_hello, "docs"),
+            routed(&after_hello, "general")
+        ),
+        (0.0, 1.0)
+    );
+    let docs: Vec<Vec<u32>> = serde_json::from_str(
+        &std::fs::read_to_string(shipped_dir().join("held_out_prompts.json")).unwrap(),
+    )
+    .unwrap();
+    let ids = pb::generate_request::Prompt::TokenIds(pb::TokenIds {
+        ids: docs[0].clone(),
+    });
+    let req = pb::GenerateRequest {
+        prompt: Some(ids),
+        ..request("", 24, true)
+    };
+    generate(&v.url, req).await.unwrap();
+    let after_docs = scrape(d.metrics).await;
+    assert_eq!(
+        (routed(&after_docs, "docs"), routed(&after_docs, "general")),
+        (1.0, 1.0)
+    );
 }
 
 /// Drafts by following the target's own bigrams (learned from its plain output): right

@@ -1,7 +1,8 @@
 //! `tandem train-router`: fits the [`TokenRouter`] of a routed drafter set on prompts cut
 //! from each route's corpus (as `train-drafter` cuts them: files hashed into a held-out
 //! split, at most 4 prompts a file), tunes the first route's bias on the held-out prompts
-//! where there are two routes, and writes the set's `router.json` with the held-out
+//! where there are two routes, sets the shortest prompt it routes and the most tokens it
+//! reads (the prompt length), and writes the set's `router.json` with the held-out
 //! accuracy. No model runs: only the tokenizer.
 
 use std::path::{Path, PathBuf};
@@ -109,14 +110,17 @@ pub fn run(a: TrainRouterArgs) -> Result<()> {
         _ => None,
     };
     let by_length = shortest_routed(&mut router, &held, a.prompt_tokens, a.min_accuracy);
+    // Longer prompts are read as far as the router was fitted and checked.
+    router.max_tokens = Some(a.prompt_tokens);
     let recalls = recalls(&router, &held);
     eprintln!(
         "[{} ids; held-out balanced accuracy {untuned:.4} untuned, {} tuned; by route \
          {recalls:?}; by length {by_length:?}; prompts of fewer than {} tokens take the \
-         default]",
+         default, longer ones are read to their {}th]",
         router.ids.len(),
         tuned.map_or("not".into(), |t| format!("{t:.4}")),
-        router.min_tokens
+        router.min_tokens,
+        a.prompt_tokens
     );
     let routes = (a.routes.iter())
         .map(|(name, dir)| -> Result<RouteSpec> {

@@ -1,10 +1,12 @@
 //! Several drafters behind one [`Proposer`], one chosen per generation by a
 //! [`TokenRouter`] over the tokens of the generation's first rows (its prompt, as the
-//! verifier sends it before the first draft). Drafters trained on different text win on
-//! different traffic (one on documentation, one on chat and prose); a session opens only
-//! the chosen drafter's session, so routing costs one classification a generation. Rows
-//! sent without their tokens go to the default route. The choice changes which tokens are
-//! drafted, never what is generated.
+//! verifier sends it before the first draft; the router reads at most the length it was
+//! fitted on, which the verifier's first chunk of rows holds in process and through the
+//! services alike). Drafters trained on different text win on different traffic (one on
+//! documentation, one on chat and prose); a session opens only the chosen drafter's
+//! session, so routing costs one classification a generation. Rows sent without their
+//! tokens go to the default route. The choice changes which tokens are drafted, never what
+//! is generated.
 
 use std::sync::{Arc, RwLock};
 

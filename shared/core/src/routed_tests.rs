@@ -62,6 +62,7 @@ fn router() -> TokenRouter {
         unseen: vec![-9.0, -9.0],
         bias: vec![0.0, 0.0],
         min_tokens: 1,
+        max_tokens: None,
     }
 }
 

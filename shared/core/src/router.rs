@@ -27,6 +27,10 @@ pub struct TokenRouter {
     /// (a few tokens say too little about the text).
     #[serde(default = "one")]
     pub min_tokens: usize,
+    /// Most tokens read from a prompt's start (the length the router was fitted and
+    /// checked on); `None` reads them all.
+    #[serde(default)]
+    pub max_tokens: Option<usize>,
 }
 
 fn one() -> usize {
@@ -107,6 +111,7 @@ impl TokenRouter {
             classes: classes.iter().map(|(n, _)| n.clone()).collect(),
             bias: vec![0.0; classes.len()],
             min_tokens: 1,
+            max_tokens: None,
             ids,
             log_probs,
             unseen,
@@ -134,6 +139,12 @@ impl TokenRouter {
                 "a log-probability row has {} values for {} ids",
                 row.len(),
                 self.ids.len()
+            )));
+        }
+        if self.max_tokens.is_some_and(|m| m < self.min_tokens.max(1)) {
+            return Err(RouterError(format!(
+                "it reads at most {:?} tokens but routes prompts of {} or more",
+                self.max_tokens, self.min_tokens
             )));
         }
         if self.ids.windows(2).any(|w| w[0] >= w[1]) {
@@ -167,9 +178,10 @@ impl TokenRouter {
             .collect()
     }
 
-    /// The class of `tokens` (the first of equal scores); `None` for fewer than
-    /// `min_tokens` (or no) tokens.
+    /// The class of `tokens` (the first of equal scores), read up to `max_tokens`; `None`
+    /// for fewer than `min_tokens` (or no) tokens.
     pub fn route(&self, tokens: &[u32]) -> Option<usize> {
+        let tokens = &tokens[..tokens.len().min(self.max_tokens.unwrap_or(usize::MAX))];
         if tokens.len() < self.min_tokens.max(1) {
             return None;
         }

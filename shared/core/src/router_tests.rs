@@ -35,6 +35,7 @@ fn scores_are_bias_plus_mean_log_probability() {
         unseen: vec![-10.0, -4.0],
         bias: vec![0.25, 0.0],
         min_tokens: 1,
+        max_tokens: None,
     };
     let s = r.scores(&[5, 9, 7]);
     assert!((s[0] - ((-1.0 - 3.0 - 10.0) / 3.0 + 0.25)).abs() < 1e-12);
@@ -49,6 +50,29 @@ fn scores_are_bias_plus_mean_log_probability() {
     let held = vec![vec![vec![9, 5, 5]], vec![vec![9, 9, 9]]];
     assert_eq!(r.accuracy_at(&held, 1), 0.5);
     assert_eq!(r.accuracy_at(&held, 3), 1.0);
+    // Read up to three tokens, [5, 5, 5, 9, 9, 9, 9] is class a.
+    let r = TokenRouter {
+        max_tokens: Some(3),
+        ..r
+    };
+    assert_eq!(r.route(&[5, 5, 5, 9, 9, 9, 9]), Some(0));
+    assert_eq!(
+        TokenRouter {
+            max_tokens: None,
+            ..r.clone()
+        }
+        .route(&[5, 5, 5, 9, 9, 9, 9]),
+        Some(1)
+    );
+    assert!(
+        TokenRouter {
+            max_tokens: Some(2),
+            ..r
+        }
+        .check()
+        .is_err(),
+        "reads fewer than it routes"
+    );
 }
 
 #[test]
@@ -123,6 +147,7 @@ fn the_tuned_bias_sits_midway_between_the_classes_margins() {
         unseen: vec![-9.0, -9.0],
         bias: vec![0.0, 0.0],
         min_tokens: 1,
+        max_tokens: None,
     };
     // Class a's texts (margin −1/4) fall to b untuned, beside b's own (margin −1/2).
     let held = vec![vec![vec![1, 1, 1, 2]; 3], vec![vec![1, 1, 1, 1]; 5]];

@@ -142,6 +142,7 @@ mod tests {
             unseen: vec![-9.0, -9.0],
             bias: vec![0.5, 0.0],
             min_tokens: 1,
+            max_tokens: None,
         };
         let route = |name: &str, dir: &str| RouteSpec {
             name: name.into(),
