@@ -29,7 +29,7 @@ const PROMPTS: usize = 12;
 /// lookup in the context on (the default), with the routed set. Measured 2026-12-07 (a
 /// 2-core EPYC with AVX-512 VNNI, `exact`): docs 4.182 over 88 rounds (routed to the docs
 /// drafter, as v1 alone measured), chat 3.295 over 112, prose 1.634 over 224, math 3.514
-/// over 105, code 2.139 over 173 (v1 alone, 2026-12-06: 4.182, 2.831, 1.412, 2.898, 1.963);
+/// over 105, code 2.189 over 169 (v1 alone, 2026-12-06: 4.182, 2.831, 1.412, 2.898, 1.963);
 /// greedy and batch invariant, so a run is deterministic on one instruction set; the
 /// margins allow for near-ties resolved differently by another kernel implementation.
 const FLOORS: [(&str, f64); 5] = [
@@ -166,7 +166,7 @@ fn the_router_sends_each_kind_of_prompt_to_its_drafter() {
         shipped_dir().canonicalize().ok()
     );
     // Measured 2026-12-07: docs 16 of 16 to docs; chat, prose and math none; code (Python
-    // functions with docstrings, like the standard library's) 19 of 48.
+    // functions with docstrings, like the standard library's) 16 of 48.
     for (name, least, most) in [
         ("docs", 15, 16),
         ("chat", 0, 1),
