@@ -14,7 +14,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device};
 use tandem_core::Proposer;
 use tandem_dspark::{Dspark, DsparkProposer, RouterManifest};
-use tandem_e2e::{engine, shipped_dir, shipped_set};
+use tandem_e2e::{engine, shipped_dir, shipped_set, shipped_set_dir};
 use tandem_engine::{Engine, GenerationRequest, Update};
 use tandem_gemma::{DeviceGemma3, DeviceOptions};
 use tandem_testkit::real_gguf;
@@ -147,22 +147,17 @@ fn drafts_for_a_device_target() {
     );
 }
 
-/// The routed set's folder (what `--drafter shipped` loads).
-fn set_dir() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../drafters/gemma-3-270m-router")
-}
-
 #[test]
 fn the_router_sends_each_kind_of_prompt_to_its_drafter() {
     let engine = engine();
-    let m = RouterManifest::read(&set_dir()).expect("the shipped router");
+    let m = RouterManifest::read(&shipped_set_dir()).expect("the shipped router");
     let docs = m
         .routes
         .iter()
         .position(|r| r.name == "docs")
         .expect("a docs route");
     assert_eq!(
-        m.drafter_dirs(&set_dir())[docs].canonicalize().ok(),
+        m.drafter_dirs(&shipped_set_dir())[docs].canonicalize().ok(),
         shipped_dir().canonicalize().ok()
     );
     // Measured 2026-12-07: docs 16 of 16 to docs; chat, prose and math none; code (Python

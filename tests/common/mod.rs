@@ -175,14 +175,18 @@ pub fn shipped_drafter() -> Arc<BatchedProposer> {
         .clone()
 }
 
+/// The folder of the routed set `--drafter shipped` loads.
+pub fn shipped_set_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../drafters/gemma-3-270m-router")
+}
+
 /// The routed set `--drafter shipped` loads (drafters/gemma-3-270m-router) over the real
 /// target, each route drafting in batches (loaded once per test binary).
 pub fn shipped_set() -> Arc<Routed> {
     static SET: OnceLock<Arc<Routed>> = OnceLock::new();
     SET.get_or_init(|| {
         let head = engine().model().head().expect("a Gemma 3 head");
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../drafters/gemma-3-270m-router");
+        let dir = shipped_set_dir();
         let m = RouterManifest::read(&dir).expect("the shipped router");
         let routes = (m.routes.iter().zip(m.drafter_dirs(&dir)))
             .map(|(spec, dir)| {

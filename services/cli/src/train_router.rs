@@ -112,7 +112,9 @@ pub fn run(a: TrainRouterArgs) -> Result<()> {
     let by_length = shortest_routed(&mut router, &held, a.prompt_tokens, a.min_accuracy);
     // Longer prompts are read as far as the router was fitted and checked.
     router.max_tokens = Some(a.prompt_tokens);
-    let recalls = recalls(&router, &held);
+    let recalls: Vec<f64> = (held.iter().enumerate())
+        .map(|(c, texts)| router.recall(texts, c))
+        .collect();
     eprintln!(
         "[{} ids; held-out balanced accuracy {untuned:.4} untuned, {} tuned; by route \
          {recalls:?}; by length {by_length:?}; prompts of fewer than {} tokens take the \
@@ -202,21 +204,6 @@ fn shortest_routed(
         .find(|(_, acc)| *acc >= min_accuracy)
         .map_or(longest, |(l, _)| *l);
     by_length
-}
-
-/// Each route's share of its own held-out prompts routed to it.
-fn recalls(router: &TokenRouter, held: &[Vec<Vec<u32>>]) -> Vec<f64> {
-    (held.iter().enumerate())
-        .map(|(c, texts)| router.balanced_accuracy(&one_class(held.len(), c, texts)))
-        .collect()
-}
-
-/// `texts` as class `c` of `k`, the others empty (a balanced accuracy over one class is
-/// its recall).
-fn one_class(k: usize, c: usize, texts: &[Vec<u32>]) -> Vec<Vec<Vec<u32>>> {
-    (0..k)
-        .map(|i| if i == c { texts.to_vec() } else { Vec::new() })
-        .collect()
 }
 
 /// `dir` relative to `base` (both made absolute), for the manifest.

@@ -54,20 +54,9 @@ impl Routed {
         default: usize,
     ) -> Result<Self, ProposeError> {
         let invalid = |m: String| ProposeError::Invalid(m);
-        router.check().map_err(|e| invalid(e.to_string()))?;
         let names: Vec<&str> = routes.iter().map(|r| r.name.as_str()).collect();
-        if names
-            != router
-                .classes
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>()
-        {
-            return Err(invalid(format!(
-                "routes {names:?} do not match the router's classes {:?}",
-                router.classes
-            )));
-        }
+        (router.check().and_then(|()| router.check_classes(&names)))
+            .map_err(|e| invalid(e.to_string()))?;
         if default >= routes.len() {
             return Err(invalid(format!(
                 "default route {default} of {}",
@@ -152,17 +141,23 @@ struct RoutedSession {
 impl RoutedSession {
     /// The chosen session, choosing by `tokens` (the default route without them).
     fn session(&mut self, tokens: &[u32]) -> Result<&mut Box<dyn ProposerSession>, ProposeError> {
-        if self.chosen.is_none() {
-            let s = &self.shared;
-            let route = s.router.route(tokens).unwrap_or(s.default);
-            let session = s.routes[route].proposer.open(&self.sampling)?;
-            let name = &s.routes[route].name;
-            for o in s.observers.read().unwrap_or_else(|e| e.into_inner()).iter() {
-                o.routed(name);
-            }
-            self.chosen = Some(session);
+        let session = match self.chosen.take() {
+            Some(session) => session,
+            None => self.choose(tokens)?,
+        };
+        Ok(self.chosen.insert(session))
+    }
+
+    /// Opens the session of the route `tokens` choose and tells the observers.
+    fn choose(&self, tokens: &[u32]) -> Result<Box<dyn ProposerSession>, ProposeError> {
+        let s = &self.shared;
+        let route = s.router.route(tokens).unwrap_or(s.default);
+        let session = s.routes[route].proposer.open(&self.sampling)?;
+        let name = &s.routes[route].name;
+        for o in s.observers.read().unwrap_or_else(|e| e.into_inner()).iter() {
+            o.routed(name);
         }
-        Ok(self.chosen.as_mut().expect("chosen above"))
+        Ok(session)
     }
 }
 

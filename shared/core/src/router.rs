@@ -159,6 +159,22 @@ impl TokenRouter {
         Ok(())
     }
 
+    /// Checks that `names` are the classes, in order (the routes a router chooses between).
+    pub fn check_classes<S: AsRef<str>>(&self, names: &[S]) -> Result<(), RouterError> {
+        if names
+            .iter()
+            .map(AsRef::as_ref)
+            .eq(self.classes.iter().map(String::as_str))
+        {
+            return Ok(());
+        }
+        let names: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
+        Err(RouterError(format!(
+            "routes {names:?} are not the router's classes {:?}",
+            self.classes
+        )))
+    }
+
     /// Each class's score for `tokens`: its bias plus the mean log-probability of the
     /// tokens (the bias alone for no tokens).
     pub fn scores(&self, tokens: &[u32]) -> Vec<f64> {
@@ -201,12 +217,18 @@ impl TokenRouter {
         self.accuracy_by(held_out, |t| self.route(t))
     }
 
+    /// The share of `texts` (of class `class`) routed to `class`; 0 for no texts.
+    pub fn recall(&self, texts: &[Vec<u32>], class: usize) -> f64 {
+        recall_by(texts, class, |t| self.route(t))
+    }
+
     /// [`Self::balanced_accuracy`] of the texts cut to their first `len` tokens, whatever
     /// `min_tokens` says: how well prompts of that length would be routed.
     pub fn accuracy_at(&self, held_out: &[Vec<Vec<u32>>], len: usize) -> f64 {
         self.accuracy_by(held_out, |t| Some(self.best(&t[..len.min(t.len())])))
     }
 
+    /// The mean recall, by `route`, of the classes with texts.
     fn accuracy_by(
         &self,
         held_out: &[Vec<Vec<u32>>],
@@ -214,10 +236,7 @@ impl TokenRouter {
     ) -> f64 {
         let recalls: Vec<f64> = (held_out.iter().enumerate())
             .filter(|(_, texts)| !texts.is_empty())
-            .map(|(c, texts)| {
-                let right = texts.iter().filter(|t| route(t) == Some(c)).count();
-                right as f64 / texts.len() as f64
-            })
+            .map(|(c, texts)| recall_by(texts, c, &route))
             .collect();
         recalls.iter().sum::<f64>() / recalls.len().max(1) as f64
     }
@@ -270,6 +289,12 @@ impl TokenRouter {
         self.bias[0] = best.1 as f32;
         Ok(self.balanced_accuracy(held_out))
     }
+}
+
+/// The share of `texts` that `route` sends to `class` (0 for no texts).
+fn recall_by(texts: &[Vec<u32>], class: usize, route: impl Fn(&[u32]) -> Option<usize>) -> f64 {
+    let right = texts.iter().filter(|t| route(t) == Some(class)).count();
+    right as f64 / texts.len().max(1) as f64
 }
 
 #[cfg(test)]

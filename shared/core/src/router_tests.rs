@@ -6,6 +6,19 @@ fn classes(a: Vec<Vec<u32>>, b: Vec<Vec<u32>>) -> Vec<(String, Vec<Vec<u32>>)> {
     vec![("a".into(), a), ("b".into(), b)]
 }
 
+/// A router over classes a and b, reading prompts of any length.
+fn ab(ids: Vec<u32>, log_probs: Vec<Vec<f32>>, unseen: [f32; 2], bias: [f32; 2]) -> TokenRouter {
+    TokenRouter {
+        classes: vec!["a".into(), "b".into()],
+        ids,
+        log_probs,
+        unseen: unseen.to_vec(),
+        bias: bias.to_vec(),
+        min_tokens: 1,
+        max_tokens: None,
+    }
+}
+
 #[test]
 fn fit_gives_the_smoothed_log_probabilities() {
     // Class a: 1 1 1 2 (4 tokens); class b: 2 2 3 (3 tokens). min_count 2 keeps 1 and 2
@@ -28,15 +41,12 @@ fn fit_gives_the_smoothed_log_probabilities() {
 
 #[test]
 fn scores_are_bias_plus_mean_log_probability() {
-    let r = TokenRouter {
-        classes: vec!["a".into(), "b".into()],
-        ids: vec![5, 9],
-        log_probs: vec![vec![-1.0, -3.0], vec![-2.0, -0.5]],
-        unseen: vec![-10.0, -4.0],
-        bias: vec![0.25, 0.0],
-        min_tokens: 1,
-        max_tokens: None,
-    };
+    let r = ab(
+        vec![5, 9],
+        vec![vec![-1.0, -3.0], vec![-2.0, -0.5]],
+        [-10.0, -4.0],
+        [0.25, 0.0],
+    );
     let s = r.scores(&[5, 9, 7]);
     assert!((s[0] - ((-1.0 - 3.0 - 10.0) / 3.0 + 0.25)).abs() < 1e-12);
     assert!((s[1] - (-2.0 - 0.5 - 4.0) / 3.0).abs() < 1e-12);
@@ -140,19 +150,20 @@ fn a_fitted_router_separates_its_classes() {
 #[test]
 fn the_tuned_bias_sits_midway_between_the_classes_margins() {
     // Margins (score a − score b) of a text with k twos among four tokens: k/4 − 1/2.
-    let mut r = TokenRouter {
-        classes: vec!["a".into(), "b".into()],
-        ids: vec![1, 2],
-        log_probs: vec![vec![-2.0, -1.0], vec![-1.5, -1.5]],
-        unseen: vec![-9.0, -9.0],
-        bias: vec![0.0, 0.0],
-        min_tokens: 1,
-        max_tokens: None,
-    };
+    let mut r = ab(
+        vec![1, 2],
+        vec![vec![-2.0, -1.0], vec![-1.5, -1.5]],
+        [-9.0, -9.0],
+        [0.0, 0.0],
+    );
     // Class a's texts (margin −1/4) fall to b untuned, beside b's own (margin −1/2).
     let held = vec![vec![vec![1, 1, 1, 2]; 3], vec![vec![1, 1, 1, 1]; 5]];
     assert_eq!(r.balanced_accuracy(&held), 0.5);
+    assert_eq!((r.recall(&held[0], 0), r.recall(&held[1], 1)), (0.0, 1.0));
     assert_eq!(r.tune_first_bias(&held).expect("valid"), 1.0);
+    assert_eq!((r.recall(&held[0], 0), r.recall(&held[1], 1)), (1.0, 1.0));
+    assert!(r.check_classes(&["a", "b"]).is_ok());
+    assert!(r.check_classes(&["b", "a"]).is_err() && r.check_classes(&["a"]).is_err());
     assert_eq!(r.bias, vec![0.375, 0.0]);
 }
 

@@ -95,14 +95,12 @@ impl RouterManifest {
                 self.kind, self.version
             ));
         }
-        self.router.check().map_err(|e| e.to_string())?;
-        let names: Vec<&String> = self.routes.iter().map(|r| &r.name).collect();
-        if names != self.router.classes.iter().collect::<Vec<_>>() {
-            return Err(format!(
-                "routes {names:?} are not the router's classes {:?}",
-                self.router.classes
-            ));
-        }
+        let names: Vec<&str> = self.routes.iter().map(|r| r.name.as_str()).collect();
+        (self
+            .router
+            .check()
+            .and_then(|()| self.router.check_classes(&names)))
+        .map_err(|e| e.to_string())?;
         match self.default_index() {
             Some(_) => Ok(()),
             None => Err(format!(
