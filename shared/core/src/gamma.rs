@@ -35,6 +35,9 @@ const PRIOR_WEIGHT: f64 = 3.0;
 /// rose still gets through, by this factor per round.
 pub const SPIKE: f64 = 4.0;
 
+/// Accepted probes a generation may hope for ([`GammaPolicy::hopeful_survival`]).
+pub const HOPE: f64 = 2.0;
+
 /// Most rounds of evidence a generation hands on to the next (see [`Learnt`]).
 pub const CARRIED_ROUNDS: f64 = 8.0;
 
@@ -218,9 +221,16 @@ impl GammaPolicy {
 
     /// [`GammaPolicy::acceptance`] of positions `1..=max_gamma`, each from the one before.
     pub fn acceptances(&self) -> impl Iterator<Item = f64> + '_ {
+        self.rates(0.0)
+    }
+
+    /// The acceptance estimates had `hope` more one-token drafts been accepted (the later
+    /// positions follow the first through their priors).
+    fn rates(&self, hope: f64) -> impl Iterator<Item = f64> + '_ {
         let counts = self.accepted.iter().zip(&self.drafted);
-        counts.scan(PRIOR_FIRST, |prior, (a, n)| {
-            *prior = (a + PRIOR_WEIGHT * *prior) / (n + PRIOR_WEIGHT);
+        let hopes = std::iter::once(hope).chain(std::iter::repeat(0.0));
+        counts.zip(hopes).scan(PRIOR_FIRST, |prior, ((a, n), h)| {
+            *prior = (a + h + PRIOR_WEIGHT * *prior) / (n + h + PRIOR_WEIGHT);
             Some(*prior)
         })
     }
@@ -229,6 +239,14 @@ impl GammaPolicy {
     /// ([`crate::schedule::survivals`] of the acceptance estimates).
     pub fn survival(&self) -> Vec<f64> {
         crate::schedule::survivals(&self.acceptances().collect::<Vec<_>>())
+    }
+
+    /// [`GammaPolicy::survival`] as it would stand had the next [`HOPE`] probes (one-token
+    /// drafts) been accepted: the most a probe or two could show. Where drafts this good would
+    /// still not be given a length, a probe cannot change what the generation does and
+    /// only costs its round (a drafter call, and on a CPU target full rows).
+    pub fn hopeful_survival(&self) -> Vec<f64> {
+        crate::schedule::survivals(&self.rates(HOPE).collect::<Vec<_>>())
     }
 
     /// Whether enough plain rounds passed that a one-token draft should measure the drafter

@@ -163,33 +163,42 @@ impl Drafting {
     }
 
     /// How many of `found` looked-up tokens to verify: the batch scheduler's length beside
-    /// others, the priced one for a sampled generation alone; `None`: all of them.
+    /// others, the priced one for a sampled generation alone; `None`: all of them. A
+    /// lookup that drafts nothing probes with one token now and then — beside others only
+    /// where what the probe could show might make its lookups pay.
     fn sized(&self, a: Adaptive<'_, '_>, found: usize) -> Option<usize> {
-        let scheduled = a.seat.and_then(|seat| {
-            let mut survival = self.lookup_rates.survival();
+        let rates = &self.lookup_rates;
+        let priced = |survival: Vec<f64>| {
+            let mut survival = survival;
             survival.truncate(found);
-            let (draft_s, row_s) = (0.0, a.row_s);
-            seat.schedule(Drafts {
+            let drafts = Drafts {
                 survival,
-                draft_s,
-                row_s,
-            })
-        });
-        let (length, sessions) = match scheduled {
-            Some(given) => given,
+                draft_s: 0.0,
+                row_s: a.row_s,
+            };
+            a.seat.map(|seat| seat.priced(drafts, a.bounded))
+        };
+        let scheduled = (a.seat.zip(priced(rates.survival())))
+            .and_then(|(seat, drafts)| seat.schedule(drafts).map(|given| (seat, given)));
+        let length = match scheduled {
+            Some((seat, (0, sessions))) if rates.probe_due(sessions) => {
+                let hopeful = priced(rates.hopeful_survival());
+                hopeful.is_some_and(|d| seat.would_draft(&d)).into()
+            }
+            Some((_, (length, _))) => length,
             None if self.greedy => return None,
             None => {
-                let rates: Vec<f32> = (self.lookup_rates.acceptances())
+                let rates: Vec<f32> = (rates.acceptances())
                     .take(found)
                     .map(|p| p as f32)
                     .collect();
-                (cut_length(&rates, 1.0, a.verify_slope), 1)
+                match cut_length(&rates, 1.0, a.verify_slope) {
+                    0 if self.lookup_rates.probe_due(1) => 1,
+                    length => length,
+                }
             }
         };
-        match length {
-            0 if self.lookup_rates.probe_due(sessions) => Some(1),
-            length => Some(length),
-        }
+        Some(length)
     }
 
     /// Takes in how many tokens of a looked-up block of `verified` were accepted.
@@ -247,6 +256,8 @@ pub(crate) struct Adaptive<'a, 's> {
     pub(crate) verify_slope: f64,
     /// The generation's own work per verified row, in seconds.
     pub(crate) row_s: f64,
+    /// Whether its plain rounds only bound their logits ([`crate::Seat::priced`]).
+    pub(crate) bounded: bool,
 }
 
 /// The counts a generation keeps of its looked-up tokens.
@@ -382,6 +393,7 @@ mod tests {
             seat: Some(seat),
             verify_slope: 0.3,
             row_s: 0.0,
+            bounded: false,
         }
     }
 
@@ -477,6 +489,34 @@ mod tests {
         Ok(())
     }
 
+    /// A lookup beside others in a batch pays for the full rows it makes a bounded
+    /// generation form, as its drafter's blocks do.
+    #[test]
+    fn a_bounded_lookup_pays_for_its_full_rows() -> Result<()> {
+        let points: Vec<(usize, f64)> = [1, 8, 64]
+            .iter()
+            .map(|r| (*r, 0.010 + 0.005 * *r as f64))
+            .collect();
+        let costs = tandem_core::StepCosts::new(&points).expect("step costs");
+        let scheduler = crate::DraftScheduler::new(costs.with_full_rows(0.01));
+        let (seat, _other) = (scheduler.seat(), scheduler.seat());
+        let run = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2];
+        let length = |bounded: bool| -> Result<Option<usize>> {
+            let mut d = recording(&std::sync::Arc::default());
+            d.extend(&[0.0; 22], 0, &run)?;
+            let a = Adaptive {
+                bounded,
+                ..beside(&seat)
+            };
+            Ok(d.look_up(3, 6, Some(a)).map(|b| b.tokens.len()))
+        };
+        // A first token at the prior's 2/3 pays for its row (2.67 tokens in 25 ms against
+        // 2 in 20), not for two full rows more (45 ms).
+        assert_eq!(length(false)?, Some(1));
+        assert_eq!(length(true)?, None);
+        Ok(())
+    }
+
     /// A sampled adaptive generation alone prices its lookups against its verify cost:
     /// a lookup that keeps missing shrinks to one-token probes; a greedy one stays whole.
     #[test]
@@ -485,6 +525,7 @@ mod tests {
             seat: None,
             verify_slope: 0.3,
             row_s: 0.0,
+            bounded: false,
         };
         let run = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2];
         let mut d = Drafting {

@@ -267,11 +267,14 @@ impl<'e> Generation<'e> {
             }
             return self.gamma;
         };
+        let Some(seat) = &self.seat else {
+            return policy.choose();
+        };
         let bounded = bounds_plain_rows(self.req, &self.controls);
-        let scheduled =
-            (self.seat.as_ref()).and_then(|seat| seat.schedule(seat.drafts(policy, bounded)));
-        match scheduled {
-            Some((0, sessions)) if policy.probe_due(sessions) => 1,
+        match seat.schedule(seat.drafts(policy, bounded)) {
+            Some((0, sessions)) if policy.probe_due(sessions) => {
+                usize::from(seat.probe_pays(policy, bounded))
+            }
             Some((gamma, _)) => gamma,
             None => policy.choose(),
         }
@@ -343,6 +346,7 @@ impl<'e> Generation<'e> {
             seat: self.seat.as_ref(),
             verify_slope: p.verify_slope(),
             row_s: p.row_seconds(),
+            bounded: bounds_plain_rows(self.req, &self.controls),
         });
         let looked_up = (self.drafting.as_mut()).and_then(|d| d.look_up(anchor, cap, adaptive));
         let engine_lookup = looked_up.is_some();

@@ -8,7 +8,8 @@
 //! generation that joins a batch where not even drafts sure to be accepted would pay
 //! decodes plainly to its end ([`Seat::sheds`]): under that load the speculative path's
 //! costs on every round and step (snapshot rows, lookups, a question a round) pay for
-//! nothing.
+//! nothing. A generation given no draft probes its drafter only where accepted probes
+//! could earn it a length ([`Seat::probe_pays`]).
 //!
 //! The batch is planned once a step, on the stepper's thread before it answers the step's
 //! forwards (and when seats come or go), from what every seat last posted; a generation's question
@@ -184,6 +185,29 @@ impl Seat<'_> {
         Some((p.plan.answer(standing, &drafts, &p.costs), sessions))
     }
 
+    /// Whether the batch would give `drafts` any length beside the others' planned ones,
+    /// without posting them (a probe's question: [`GammaPolicy::hopeful_survival`]).
+    pub fn would_draft(&self, drafts: &Drafts) -> bool {
+        let p = self.scheduler.published();
+        let standing = p.standing.get(&self.id).copied();
+        let standing = standing.unwrap_or(Standing::Absent);
+        p.plan.answer(standing, drafts, &p.costs) > 0
+    }
+
+    /// Whether a probe (a one-token draft after plain rounds) is worth its round to a
+    /// generation with `policy` that the batch now gives no draft: only if the batch would
+    /// give it a length had the next probes all been accepted
+    /// ([`GammaPolicy::hopeful_survival`]). Otherwise no outcome of the probe changes what
+    /// the generation does, and it only costs the batch a drafter call and, on a CPU
+    /// target, full rows.
+    pub fn probe_pays(&self, policy: &GammaPolicy, bounded: bool) -> bool {
+        let hopeful = Drafts {
+            survival: policy.hopeful_survival(),
+            ..self.drafts(policy, bounded)
+        };
+        self.would_draft(&hopeful)
+    }
+
     /// The seconds an adaptive generation with `policy` drafts a round, as the batch counts
     /// them (its drafting cost in its own step time, or in a one-row step's).
     pub fn draft_seconds(&self, policy: &GammaPolicy) -> f64 {
@@ -191,19 +215,29 @@ impl Seat<'_> {
     }
 
     /// What an adaptive generation with `policy` brings the batch each round: the
-    /// survivals it expects and its drafting and per-row seconds. A generation whose plain
-    /// rounds only bound their logits (`bounded`) pays for forming them all when it drafts:
-    /// each drafted row and, once a round, its anchor's row cost the target's
-    /// [`StepCosts::full_row_s`] more.
+    /// survivals it expects and its drafting and per-row seconds, [`Seat::priced`].
     pub fn drafts(&self, policy: &GammaPolicy, bounded: bool) -> Drafts {
+        let drafts = Drafts {
+            survival: policy.survival(),
+            draft_s: self.draft_seconds(policy),
+            row_s: policy.row_seconds(),
+        };
+        self.priced(drafts, bounded)
+    }
+
+    /// `drafts` (from the drafter or looked up) as the batch pays for them. A generation
+    /// whose plain rounds only bound their logits (`bounded`) pays for forming them all
+    /// when it drafts: each drafted row and, once a round, its anchor's row cost the
+    /// target's [`StepCosts::full_row_s`] more.
+    pub fn priced(&self, drafts: Drafts, bounded: bool) -> Drafts {
         let full = match bounded {
             true => self.scheduler.published().costs.full_row_s(),
             false => 0.0,
         };
         Drafts {
-            survival: policy.survival(),
-            draft_s: self.draft_seconds(policy) + full,
-            row_s: policy.row_seconds() + full,
+            draft_s: drafts.draft_s + full,
+            row_s: drafts.row_s + full,
+            ..drafts
         }
     }
 
@@ -350,6 +384,25 @@ mod tests {
         assert_eq!(bounded.draft_s, plain.draft_s + 0.02);
         assert!(!a.sheds(&policy, false));
         assert!(a.sheds(&policy, true));
+    }
+
+    /// A generation given no draft probes its drafter only where accepted probes could
+    /// earn it a length beside the others; asking so posts nothing.
+    #[test]
+    fn probes_only_where_hope_could_pay() {
+        let s = scheduler();
+        let (a, _b) = (s.seat(), s.seat());
+        let fresh = GammaPolicy::new(tandem_core::GammaPolicyConfig::new(4)).expect("policy");
+        let mut rejected = fresh.clone();
+        for _ in 0..60 {
+            rejected.record(1, 0, 0.002, 0.03);
+        }
+        // Beside a plain generation (10 ms a step, 5 a row; drafting 0.2 of a 15 ms step)
+        // two drafts hoped at 0.8 and 0.64 pay (3.44 tokens in 33 ms against 2 in 20);
+        // after sixty rejections even the hope (below 0.2) does not.
+        assert!(a.probe_pays(&fresh, false));
+        assert!(!a.probe_pays(&rejected, false));
+        assert!(matches!(*lock(&a.slot), Claim::Fixed(Unscheduled::PLAIN)));
     }
 
     #[test]

@@ -302,7 +302,28 @@ proptest! {
             prop_assert!(a > 0.0 && a < 1.0);
         }
         prop_assert!(p.expected_tokens(max) <= 1.0 + max as f64);
+        let (survival, hopeful) = (p.survival(), p.hopeful_survival());
+        for (s, h) in survival.iter().zip(&hopeful) {
+            prop_assert!(h >= s && *h <= 1.0, "{hopeful:?} against {survival:?}");
+        }
     }
+}
+
+/// The hope is that of accepted one-token probes: the first position as if `HOPE` more
+/// were accepted, the later ones following it through their priors; evidence outweighs it.
+#[test]
+fn hope_is_what_accepted_probes_would_show() {
+    let h = policy(2).hopeful_survival();
+    // (2 + 3 · 2/3) / (2 + 3), then (0 + 3 · 0.8) / (0 + 3) more.
+    assert!((h[0] - 0.8).abs() < 1e-12, "{h:?}");
+    assert!((h[1] - 0.64).abs() < 1e-12, "{h:?}");
+    let rejected = trained(8, 60, false);
+    let (s, h) = (rejected.survival(), rejected.hopeful_survival());
+    assert!(h[0] > s[0], "{h:?} against {s:?}");
+    assert!(
+        h[0] < 0.2,
+        "sixty rejections outweigh two hoped-for probes: {h:?}"
+    );
 }
 
 /// Drafting seconds come from the generation's own plain rounds once it has timed one (in
