@@ -13,7 +13,10 @@
 //! the batch's steady throughput, beside the aggregate that also holds the tail in which
 //! the slowest clients run in a thinning batch), the slowest tenth of requests' per-user
 //! rate, the mean step, and the drafter calls per request with their mean latency. JSON and
-//! a PNG chart on request.
+//! a PNG chart on request. With `--rounds N` every mode's verifier is served side by side
+//! and each concurrency runs the modes in turn N times: each mode's aggregate over plain's
+//! is paired within a round (minutes apart at most), so a machine whose speed drifts over
+//! the run moves both sides of a ratio ([`crate::bench_load_report::pair`]).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -29,6 +32,7 @@ use tandem_tokenizer::GemmaTokenizer;
 use tandem_verifier::VerifierSettings;
 use tonic::transport::Channel;
 
+use crate::bench_load_report::{pair, print_report, PairedRatio};
 use crate::bench_rpc::PROMPTS;
 use crate::drafter::DrafterArgs;
 use crate::loopback::{self, Loopback};
@@ -58,6 +62,9 @@ pub struct LoadArgs {
     /// Modes, each on its own verifier.
     #[arg(long, value_delimiter = ',', default_value = "plain,fixed,scheduled")]
     modes: Vec<LoadMode>,
+    /// Times each concurrency runs every mode in turn (ratios to plain paired by round).
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Requests each client sends, one after another.
     #[arg(long, default_value_t = 2)]
     requests: usize,
@@ -101,6 +108,9 @@ pub struct LoadArgs {
 pub struct Level {
     pub mode: LoadMode,
     pub concurrency: usize,
+    /// Which of the `--rounds` turns (0 first).
+    #[serde(default)]
+    pub round: usize,
     pub requests: usize,
     pub tokens: usize,
     pub wall_s: f64,
@@ -162,6 +172,9 @@ pub struct LoadReport {
     pub drafters: usize,
     pub batching: bool,
     pub levels: Vec<Level>,
+    /// Each mode's aggregate over plain's, paired by round.
+    #[serde(default)]
+    pub paired: Vec<PairedRatio>,
 }
 
 /// What one request saw.
@@ -179,13 +192,10 @@ pub fn run(a: LoadArgs) -> Result<()> {
     if a.concurrency.is_empty() || a.concurrency.contains(&0) {
         bail!("--concurrency needs positive client counts");
     }
-    if a.requests == 0 || a.max_tokens < 2 {
-        bail!("--requests must be at least 1 and --max-tokens at least 2");
+    if a.requests == 0 || a.max_tokens < 2 || a.rounds == 0 {
+        bail!("--requests and --rounds must be at least 1 and --max-tokens at least 2");
     }
-    let mut levels = Vec::new();
-    for mode in &a.modes {
-        levels.extend(serve::runtime()?.block_on(run_mode(&a, *mode))?);
-    }
+    let levels = serve::runtime()?.block_on(run_levels(&a))?;
     let report = LoadReport {
         prompts: a
             .prompts
@@ -199,6 +209,7 @@ pub fn run(a: LoadArgs) -> Result<()> {
         gamma: a.gamma,
         drafters: a.drafters,
         batching: a.batching,
+        paired: pair(&levels),
         levels,
     };
     print_report(&report);
@@ -212,6 +223,33 @@ pub fn run(a: LoadArgs) -> Result<()> {
     Ok(())
 }
 
+/// Every level: one mode's verifier at a time through every concurrency, or with several
+/// rounds every mode's verifier at once, each concurrency running the modes in turn.
+async fn run_levels(a: &LoadArgs) -> Result<Vec<Level>> {
+    let mut levels = Vec::new();
+    if a.rounds == 1 {
+        for mode in &a.modes {
+            let served = Served::start(a, *mode).await?;
+            for &c in &a.concurrency {
+                levels.push(served.level(a, c, 0).await?);
+            }
+        }
+        return Ok(levels);
+    }
+    let mut served = Vec::new();
+    for mode in &a.modes {
+        served.push(Served::start(a, *mode).await?);
+    }
+    for &c in &a.concurrency {
+        for round in 0..a.rounds {
+            for s in &served {
+                levels.push(s.level(a, c, round).await?);
+            }
+        }
+    }
+    Ok(levels)
+}
+
 /// The prompts as token ids (BOS first).
 fn prompt_ids(a: &LoadArgs, tok: &GemmaTokenizer) -> Result<Vec<Vec<u32>>> {
     match &a.prompts {
@@ -220,37 +258,49 @@ fn prompt_ids(a: &LoadArgs, tok: &GemmaTokenizer) -> Result<Vec<Vec<u32>>> {
     }
 }
 
-/// One mode's verifier, every concurrency in turn.
-async fn run_mode(a: &LoadArgs, mode: LoadMode) -> Result<Vec<Level>> {
-    let most = a.concurrency.iter().copied().max().unwrap_or(1);
-    let settings = VerifierSettings {
-        gamma: a.gamma.max(1),
-        adaptive_gamma: mode == LoadMode::Scheduled,
-        max_concurrent: most,
-        max_queued: most,
-        ..VerifierSettings::default()
-    };
-    let drafters = if mode == LoadMode::Plain {
-        0
-    } else {
-        a.drafters
-    };
-    let batching = a.batching.then(BatchLimits::default);
-    let lb = loopback::start_batched(&a.drafter, &a.models, drafters, settings, batching).await?;
-    let prompts = prompt_ids(a, lb.engine().tokenizer())?;
-    // Warm the path (connections, caches) before timing.
-    let mut warm = connect(&lb).await?;
-    Shared::of(a)
-        .request(&mut warm, mode, &prompts[0], 0, Instant::now())
-        .await?;
-    let mut levels = Vec::new();
-    for &c in &a.concurrency {
+/// One mode's verifier and drafters on loopback, warmed.
+struct Served {
+    mode: LoadMode,
+    lb: Loopback,
+    prompts: Vec<Vec<u32>>,
+}
+
+impl Served {
+    async fn start(a: &LoadArgs, mode: LoadMode) -> Result<Self> {
+        let most = a.concurrency.iter().copied().max().unwrap_or(1);
+        let settings = VerifierSettings {
+            gamma: a.gamma.max(1),
+            adaptive_gamma: mode == LoadMode::Scheduled,
+            max_concurrent: most,
+            max_queued: most,
+            ..VerifierSettings::default()
+        };
+        let drafters = if mode == LoadMode::Plain {
+            0
+        } else {
+            a.drafters
+        };
+        let batching = a.batching.then(BatchLimits::default);
+        let lb =
+            loopback::start_batched(&a.drafter, &a.models, drafters, settings, batching).await?;
+        let prompts = prompt_ids(a, lb.engine().tokenizer())?;
+        // Warm the path (connections, caches) before timing.
+        let mut warm = connect(&lb).await?;
+        Shared::of(a)
+            .request(&mut warm, mode, &prompts[0], 0, Instant::now())
+            .await?;
+        Ok(Self { mode, lb, prompts })
+    }
+
+    /// `c` clients, each sending `--requests` requests one after another.
+    async fn level(&self, a: &LoadArgs, c: usize, round: usize) -> Result<Level> {
+        let (lb, mode, prompts) = (&self.lb, self.mode, &self.prompts);
         let before = scrape(lb.verifier_metrics()).await?;
         let t0 = Instant::now();
         let mut clients = tokio::task::JoinSet::new();
         for i in 0..c {
-            let mut client = connect(&lb).await?;
-            let (a_mode, n) = (mode, a.requests);
+            let mut client = connect(lb).await?;
+            let n = a.requests;
             let mine: Vec<(Vec<u32>, u64)> = (0..n)
                 .map(|j| {
                     let k = i * n + j;
@@ -261,7 +311,7 @@ async fn run_mode(a: &LoadArgs, mode: LoadMode) -> Result<Vec<Level>> {
             clients.spawn(async move {
                 let mut traces = Vec::with_capacity(mine.len());
                 for (prompt, seed) in mine {
-                    let trace = args.request(&mut client, a_mode, &prompt, seed, t0);
+                    let trace = args.request(&mut client, mode, &prompt, seed, t0);
                     traces.push(trace.await?);
                 }
                 anyhow::Ok(traces)
@@ -273,15 +323,13 @@ async fn run_mode(a: &LoadArgs, mode: LoadMode) -> Result<Vec<Level>> {
         }
         let wall_s = t0.elapsed().as_secs_f64();
         let after = scrape(lb.verifier_metrics()).await?;
-        let level = summarize(mode, c, wall_s, &traces, &before, &after);
+        let level = summarize(mode, c, round, wall_s, &traces, &before, &after);
         eprintln!(
             "bench load: {:?} × {c}: {:.1} tok/s aggregate, {:.1} per user",
             mode, level.aggregate_tok_s, level.per_user_tok_s
         );
-        levels.push(level);
+        Ok(level)
     }
-    drop(lb);
-    Ok(levels)
 }
 
 async fn connect(lb: &Loopback) -> Result<GenerationClient<Channel>> {
@@ -373,6 +421,7 @@ impl Shared {
 fn summarize(
     mode: LoadMode,
     concurrency: usize,
+    round: usize,
     wall_s: f64,
     clients: &[Vec<Trace>],
     before: &std::collections::BTreeMap<String, f64>,
@@ -396,6 +445,7 @@ fn summarize(
     Level {
         mode,
         concurrency,
+        round,
         requests: traces.len(),
         tokens,
         wall_s,
@@ -457,61 +507,6 @@ pub(crate) fn percentile(v: &[f64], q: f64) -> f64 {
     s.sort_by(f64::total_cmp);
     let rank = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
     s[rank - 1]
-}
-
-fn print_report(r: &LoadReport) {
-    println!(
-        "bench load: {} tokens per request, T = {} ({}), γ ≤ {}, {} drafter(s), batching {}; prompts: {}",
-        r.max_tokens, r.temperature, r.verification, r.gamma, r.drafters, r.batching, r.prompts
-    );
-    println!(
-        "{:<9} {:>3} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6} {:>6} {:>6} {:>7} {:>5} {:>6} {:>7} {:>5} {:>6} {:>5}",
-        "mode",
-        "C",
-        "agg tok/s",
-        "busy tok/s",
-        "user t/s",
-        "user p10",
-        "ttft p50",
-        "ttft p99",
-        "itl p50",
-        "itl p99",
-        "sess",
-        "rows",
-        "acc",
-        "step ms",
-        "rpc/r",
-        "rpc ms",
-        "gath ms",
-        "miss",
-        "cyc ms",
-        "shed"
-    );
-    for l in &r.levels {
-        println!(
-            "{:<9} {:>3} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>6.2} {:>6.1} {:>6.2} {:>7.2} {:>5.1} {:>6.2} {:>7.2} {:>5.2} {:>6.2} {:>5.2}",
-            format!("{:?}", l.mode).to_lowercase(),
-            l.concurrency,
-            l.aggregate_tok_s,
-            l.busy_tok_s,
-            l.per_user_tok_s,
-            l.per_user_p10_tok_s,
-            l.ttft_p50_ms,
-            l.ttft_p99_ms,
-            l.itl_p50_ms,
-            l.itl_p99_ms,
-            l.sessions_per_step,
-            l.rows_per_step,
-            l.acceptance,
-            l.step_ms,
-            l.draft_rpcs_per_request,
-            l.draft_rpc_ms,
-            l.gather_ms,
-            l.missed_per_step,
-            l.cycle_ms,
-            l.shed_per_request
-        );
-    }
 }
 
 /// The rule of reports written before `verification` was recorded.

@@ -1,6 +1,7 @@
 //! The PNG of `tandem bench load`: left, aggregate tok/s against concurrent clients; right,
 //! per-user tok/s against concurrent clients; one line per mode (plain grey, fixed γ red,
-//! scheduled blue). The x axis is logarithmic in the clients (1, 2, 4, …).
+//! scheduled blue; with several rounds, their mean). The x axis is logarithmic in the
+//! clients (1, 2, 4, …).
 
 use std::path::Path;
 
@@ -76,11 +77,7 @@ fn panel(
         .draw()
         .map_err(err)?;
     for mode in [LoadMode::Plain, LoadMode::Fixed, LoadMode::Scheduled] {
-        let points: Vec<(f64, f64)> = levels
-            .iter()
-            .filter(|l| l.mode == mode)
-            .map(|l| (x(l), y(l)))
-            .collect();
+        let points = means(levels, mode, x, y);
         if points.is_empty() {
             continue;
         }
@@ -102,4 +99,23 @@ fn panel(
         .border_style(BLACK)
         .draw()
         .map_err(err)
+}
+
+/// `(x, mean y)` of `mode`'s levels at each concurrency, in the order first run.
+fn means(
+    levels: &[Level],
+    mode: LoadMode,
+    x: impl Fn(&Level) -> f64,
+    y: fn(&Level) -> f64,
+) -> Vec<(f64, f64)> {
+    let mut sums: Vec<(usize, f64, f64, usize)> = Vec::new();
+    for l in levels.iter().filter(|l| l.mode == mode) {
+        match sums.iter_mut().find(|s| s.0 == l.concurrency) {
+            Some(s) => (s.2, s.3) = (s.2 + y(l), s.3 + 1),
+            None => sums.push((l.concurrency, x(l), y(l), 1)),
+        }
+    }
+    sums.into_iter()
+        .map(|(_, x, total, n)| (x, total / n as f64))
+        .collect()
 }

@@ -6,6 +6,7 @@ mod bench_drafter;
 mod bench_golden;
 mod bench_http;
 mod bench_load;
+mod bench_load_report;
 mod bench_products;
 mod bench_rpc;
 mod bench_soak;
