@@ -29,6 +29,9 @@ pub struct StepReport {
     pub missed: usize,
     /// Plain sampled rounds whose token the step drew (a device target's batched steps).
     pub drawn: usize,
+    /// Rows whose logits the step formed in full, where the others' were only bounded or
+    /// screened ([`crate::StepCosts::observe`] prices them apart).
+    pub full_rows: usize,
 }
 
 /// Receives every step's [`StepReport`].

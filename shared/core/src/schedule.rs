@@ -122,11 +122,14 @@ impl StepCosts {
     }
 
     /// Corrects the point nearest to `rows` (in ratio) by a step towards what an observed
-    /// step of `rows` rows took against what the costs predicted.
-    pub fn observe(&mut self, rows: usize, seconds: f64) {
+    /// step of `rows` rows took against what the costs predicted. The points price rows
+    /// whose logits are bounded: `full` of the rows formed every logit, and their
+    /// [`Self::full_row_s`] each is taken off the step first (at most half of it).
+    pub fn observe(&mut self, rows: usize, full: usize, seconds: f64) {
         if rows == 0 || !seconds.is_finite() || seconds <= 0.0 {
             return;
         }
+        let seconds = seconds - (full.min(rows) as f64 * self.full_row_s).min(seconds / 2.0);
         let factor = seconds / self.seconds(rows);
         let distance = |r: usize| ((r as f64) / (rows as f64)).ln().abs();
         let nearest = self
@@ -488,13 +491,28 @@ mod tests {
     #[test]
     fn observed_steps_move_the_nearest_point() {
         let mut c = costs(&[(1, 10.0), (8, 28.0)]);
-        c.observe(7, 2.0 * c.seconds(7));
+        c.observe(7, 0, 2.0 * c.seconds(7));
         assert_eq!(c.points()[0], (1, 10.0));
         assert!((c.points()[1].1 - 30.8).abs() < 1e-9);
         for _ in 0..200 {
-            c.observe(8, 40.0);
+            c.observe(8, 0, 40.0);
         }
         assert!((c.seconds(8) - 40.0).abs() < 0.01);
+    }
+
+    /// A step's full rows are priced apart: the points learn what its bounded rows cost.
+    #[test]
+    fn observed_full_rows_are_taken_off_the_step() {
+        let mut c = costs(&[(1, 10.0), (8, 28.0)]).with_full_rows(2.0);
+        for _ in 0..200 {
+            c.observe(8, 3, 46.0);
+        }
+        assert!((c.seconds(8) - 40.0).abs() < 0.01, "{:?}", c.points());
+        let mut all = costs(&[(1, 10.0), (8, 28.0)]).with_full_rows(30.0);
+        for _ in 0..200 {
+            all.observe(8, 8, 40.0);
+        }
+        assert!((all.seconds(8) - 20.0).abs() < 0.01, "half a step at most");
     }
 
     #[test]

@@ -227,6 +227,7 @@ impl Steps {
             waited: gathered.waited,
             missed: gathered.missed,
             drawn: 0,
+            full_rows: 0,
         };
         self.observers.report(&report);
         for ((job, sampler), block) in step.into_iter().zip(samplers).zip(blocks) {

@@ -142,7 +142,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl StepObserver for DraftScheduler {
     fn step(&self, r: &StepReport) {
-        lock(&self.costs).observe(r.rows, r.seconds);
+        lock(&self.costs).observe(r.rows, r.full_rows, r.seconds);
         self.replan();
     }
 }
@@ -315,6 +315,7 @@ mod tests {
             waited: 0.0,
             missed: 0,
             drawn: 0,
+            full_rows: 0,
         });
     }
 

@@ -50,11 +50,16 @@ const PROFILE_ROWS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
 const PROFILE_CONTEXT: usize = 32;
 /// Rows of the profiled step that prices a row with every logit against a bounded one.
 const FULL_ROWS_AT: usize = 16;
+/// Timed runs of each profiled step after an untimed one (its fastest counts). A step's
+/// first run on this CPU took 36–38 ms against 27 ms after for 16 rows with every logit
+/// (its logits' first use), and a row with every logit was priced 0.93–1.03 ms over a
+/// bounded one by the fastest of two runs against 0.39–0.45 ms of five.
+const PROFILE_RUNS: usize = 3;
 
-/// The seconds of a step of one-row forwards (every row's logits) of 1 to 64 sequences at a
-/// short context, the fastest of two runs each: the scheduler's first step costs; and what
-/// a row with every logit costs over one whose logits the model bounds
-/// ([`StepCosts::with_full_rows`], from steps of 16 rows).
+/// The seconds of a step of one-row forwards whose logits the model bounds (one-row
+/// forwards of a model that cannot bound form their row's logits) of 1 to 64 sequences at a
+/// short context: the scheduler's first step costs; and what a row with every logit costs
+/// over a bounded one ([`StepCosts::with_full_rows`], from steps of 16 rows).
 fn profile(model: &Gemma3) -> Result<StepCosts> {
     let context: Vec<u32> = (0..PROFILE_CONTEXT as u32).map(|i| 1000 + 7 * i).collect();
     let mut base = model.new_cache(PROFILE_CONTEXT + 1);
@@ -63,28 +68,28 @@ fn profile(model: &Gemma3) -> Result<StepCosts> {
         taps: Vec::new(),
     };
     model.forward(&context, 0, &mut base, &none)?;
-    let all = ForwardOptions::default();
-    let points = (PROFILE_ROWS.iter())
-        .map(|&rows| Ok((rows, step_seconds(model, &base, rows, &all)?)))
-        .collect::<Result<Vec<_>>>()?;
     let bounded = ForwardOptions {
         logits: LogitsMode::Bounded,
         taps: Vec::new(),
     };
-    let full_at = points.iter().find(|(r, _)| *r == FULL_ROWS_AT).map(|p| p.1);
-    let bounded_at = step_seconds(model, &base, FULL_ROWS_AT, &bounded)?;
-    let full_row_s = full_at.map_or(0.0, |f| (f - bounded_at) / FULL_ROWS_AT as f64);
+    let points = (PROFILE_ROWS.iter())
+        .map(|&rows| Ok((rows, step_seconds(model, &base, rows, &bounded)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let bounded_at = points.iter().find(|(r, _)| *r == FULL_ROWS_AT).map(|p| p.1);
+    let all = step_seconds(model, &base, FULL_ROWS_AT, &ForwardOptions::default())?;
+    let full_row_s = bounded_at.map_or(0.0, |b| (all - b) / FULL_ROWS_AT as f64);
     tracing::debug!(?points, full_row_s, "batched step costs profiled");
     StepCosts::new(&points)
         .map(|c| c.with_full_rows(full_row_s))
         .ok_or_else(|| EngineError::Load("profiling batched steps measured no time".into()))
 }
 
-/// The fastest of two steps of `rows` one-token forwards after `base`'s context.
+/// The fastest of [`PROFILE_RUNS`] steps of `rows` one-token forwards after `base`'s
+/// context, after one untimed.
 fn step_seconds(model: &Gemma3, base: &KvCache, rows: usize, opts: &ForwardOptions) -> Result<f64> {
     let mut caches = vec![base.clone(); rows];
     let mut best = f64::INFINITY;
-    for _ in 0..2 {
+    for run in 0..=PROFILE_RUNS {
         let mut segs: Vec<Segment<'_>> = caches
             .iter_mut()
             .map(|cache| Segment {
@@ -96,7 +101,9 @@ fn step_seconds(model: &Gemma3, base: &KvCache, rows: usize, opts: &ForwardOptio
             .collect();
         let t0 = Instant::now();
         model.forward_ragged(&mut segs)?;
-        best = best.min(t0.elapsed().as_secs_f64());
+        if run > 0 {
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
         drop(segs);
         caches
             .iter_mut()

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use tandem_core::batching::{gather, Gathered, Gathering, Observers, Pace, Rows, StepReport};
 use tandem_gemma::{
-    DeviceBatch, ForwardOptions, ForwardOutput, Gemma3, GemmaError, KvCache, Segment, SlotCache,
-    SlotSegment,
+    DeviceBatch, ForwardOptions, ForwardOutput, Gemma3, GemmaError, KvCache, LogitsMode, Segment,
+    SlotCache, SlotSegment,
 };
 
 use crate::device_rows::{draw_last_rows, Draw};
@@ -127,6 +127,18 @@ impl StepRunner for Shared {
 
     fn step_rows(&self, jobs: &[Job<SlotCache>]) -> usize {
         tandem_gemma::padded_rows(&jobs.iter().map(|j| j.tokens.len()).collect::<Vec<_>>())
+    }
+}
+
+/// The rows of `job` whose logits its forward forms in full ([`StepReport::full_rows`]):
+/// every row of an `All` block, the last of a `Last` one, none of a bounded or screened one
+/// (a model without bounds or a screen forms those too, but its full rows then cost what
+/// its other rows do and its step costs price none apart).
+fn full_rows<C>(job: &Job<C>) -> usize {
+    match job.opts.logits {
+        LogitsMode::All => job.tokens.len(),
+        LogitsMode::Last => 1,
+        LogitsMode::Top(_) | LogitsMode::Bounded | LogitsMode::None => 0,
     }
 }
 
@@ -290,6 +302,7 @@ impl<R: StepRunner> Stepper<R> {
             waited: gathered.waited,
             missed: gathered.missed,
             drawn: ready.iter().filter(|j| j.draw.is_some()).count(),
+            full_rows: ready.iter().map(full_rows).sum(),
         };
         let outs: Vec<tandem_gemma::Result<Stepped>> = match outs {
             Ok(outs) => outs.into_iter().map(Ok).collect(),
