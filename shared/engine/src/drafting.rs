@@ -168,37 +168,41 @@ impl Drafting {
     /// where what the probe could show might make its lookups pay.
     fn sized(&self, a: Adaptive<'_, '_>, found: usize) -> Option<usize> {
         let rates = &self.lookup_rates;
-        let priced = |survival: Vec<f64>| {
-            let mut survival = survival;
+        let Some(seat) = a.seat else {
+            return self.sized_alone(a, found);
+        };
+        let drafts = |mut survival: Vec<f64>| {
             survival.truncate(found);
             let drafts = Drafts {
                 survival,
                 draft_s: 0.0,
                 row_s: a.row_s,
             };
-            a.seat.map(|seat| seat.priced(drafts, a.bounded))
+            seat.priced(drafts, a.bounded)
         };
-        let scheduled = (a.seat.zip(priced(rates.survival())))
-            .and_then(|(seat, drafts)| seat.schedule(drafts).map(|given| (seat, given)));
-        let length = match scheduled {
-            Some((seat, (0, sessions))) if rates.probe_due(sessions) => {
-                let hopeful = priced(rates.hopeful_survival());
-                hopeful.is_some_and(|d| seat.would_draft(&d)).into()
+        match seat.schedule(drafts(rates.survival())) {
+            Some((0, sessions)) if rates.probe_due(sessions) => {
+                Some(seat.would_draft(&drafts(rates.hopeful_survival())).into())
             }
-            Some((_, (length, _))) => length,
-            None if self.greedy => return None,
-            None => {
-                let rates: Vec<f32> = (rates.acceptances())
-                    .take(found)
-                    .map(|p| p as f32)
-                    .collect();
-                match cut_length(&rates, 1.0, a.verify_slope) {
-                    0 if self.lookup_rates.probe_due(1) => 1,
-                    length => length,
-                }
-            }
-        };
-        Some(length)
+            Some((length, _)) => Some(length),
+            None => self.sized_alone(a, found),
+        }
+    }
+
+    /// [`Self::sized`] for a generation alone: all of a greedy one's, a sampled one's
+    /// priced against its verify cost (a one-token probe now and then where none pays).
+    fn sized_alone(&self, a: Adaptive<'_, '_>, found: usize) -> Option<usize> {
+        if self.greedy {
+            return None;
+        }
+        let rates: Vec<f32> = (self.lookup_rates.acceptances())
+            .take(found)
+            .map(|p| p as f32)
+            .collect();
+        Some(match cut_length(&rates, 1.0, a.verify_slope) {
+            0 if self.lookup_rates.probe_due(1) => 1,
+            length => length,
+        })
     }
 
     /// Takes in how many tokens of a looked-up block of `verified` were accepted.
