@@ -174,24 +174,24 @@ impl Seat<'_> {
     /// `None` when it is alone.
     pub fn schedule(&self, drafts: Drafts) -> Option<(usize, usize)> {
         *lock(&self.slot) = Claim::Scheduled(drafts.clone());
-        let p = self.scheduler.published();
-        let standing = p.standing.get(&self.id).copied();
-        // A seat the plan does not know joined since: one more than it counted.
-        let sessions = p.standing.len() + usize::from(standing.is_none());
-        if sessions < 2 {
-            return None;
-        }
-        let standing = standing.unwrap_or(Standing::Absent);
-        Some((p.plan.answer(standing, &drafts, &p.costs), sessions))
+        let (gamma, sessions) = self.answer(&drafts);
+        (sessions >= 2).then_some((gamma, sessions))
     }
 
     /// Whether the batch would give `drafts` any length beside the others' planned ones,
     /// without posting them (a probe's question: [`GammaPolicy::hopeful_survival`]).
     pub fn would_draft(&self, drafts: &Drafts) -> bool {
+        self.answer(drafts).0 > 0
+    }
+
+    /// The published plan's length for `drafts` at this seat, and the generations it
+    /// counts (a seat the plan does not know joined since: one more than it counted).
+    fn answer(&self, drafts: &Drafts) -> (usize, usize) {
         let p = self.scheduler.published();
         let standing = p.standing.get(&self.id).copied();
+        let sessions = p.standing.len() + usize::from(standing.is_none());
         let standing = standing.unwrap_or(Standing::Absent);
-        p.plan.answer(standing, drafts, &p.costs) > 0
+        (p.plan.answer(standing, drafts, &p.costs), sessions)
     }
 
     /// Whether a probe (a one-token draft after plain rounds) is worth its round to a
