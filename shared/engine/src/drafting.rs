@@ -448,11 +448,7 @@ mod tests {
     /// asks the proposer) except a one-token probe now and then; alone it is not asked.
     #[test]
     fn a_lookup_in_a_shared_batch_is_scheduled() -> Result<()> {
-        let points: Vec<(usize, f64)> = [1, 8, 64]
-            .iter()
-            .map(|r| (*r, 0.010 + 0.005 * *r as f64))
-            .collect();
-        let costs = tandem_core::StepCosts::new(&points).expect("step costs");
+        let costs = crate::schedule::tests::costs();
         let scheduler = crate::DraftScheduler::new(costs);
         let (seat, _other) = (scheduler.seat(), scheduler.seat());
         let mut d = recording(&std::sync::Arc::default());
@@ -497,11 +493,7 @@ mod tests {
     /// generation form, as its drafter's blocks do.
     #[test]
     fn a_bounded_lookup_pays_for_its_full_rows() -> Result<()> {
-        let points: Vec<(usize, f64)> = [1, 8, 64]
-            .iter()
-            .map(|r| (*r, 0.010 + 0.005 * *r as f64))
-            .collect();
-        let costs = tandem_core::StepCosts::new(&points).expect("step costs");
+        let costs = crate::schedule::tests::costs();
         let scheduler = crate::DraftScheduler::new(costs.with_full_rows(0.01));
         let (seat, _other) = (scheduler.seat(), scheduler.seat());
         let run = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2];

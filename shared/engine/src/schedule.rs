@@ -283,7 +283,7 @@ impl Drop for Seat<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn free(survival: Vec<f64>) -> Drafts {
@@ -294,8 +294,8 @@ mod tests {
         }
     }
 
-    /// A step costs 10 ms plus 5 ms a row.
-    fn costs() -> StepCosts {
+    /// A step costs 10 ms plus 5 ms a row (the engine's tests' step costs).
+    pub(crate) fn costs() -> StepCosts {
         let points: Vec<(usize, f64)> = [1, 8, 64]
             .iter()
             .map(|r| (*r, 0.010 + 0.005 * *r as f64))
