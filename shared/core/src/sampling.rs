@@ -63,6 +63,12 @@ impl SamplingParams {
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == Some(1)
     }
+
+    /// Whether these parameters sample at a temperature alone (no top-k, no top-p): a
+    /// distribution that can be reduced and drawn from on the device that made the logits.
+    pub fn temperature_alone(&self) -> bool {
+        !self.is_greedy() && self.top_k.is_none() && self.top_p >= 1.0
+    }
 }
 
 /// A distribution over a subset of token ids: `probs[i]` is the probability of `ids[i]`;

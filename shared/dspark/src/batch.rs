@@ -164,8 +164,8 @@ impl Drafter {
 /// Draws the blocks of `reqs`, block position by block position (Alg. 1's sequential
 /// Markov pass): `step(rows)` gives, for position `k` of every block still drafting, its
 /// distribution over the draft vocabulary and its confidence after the target token drawn
-/// before it (`prev`, the anchor at `k = 0`); each block draws from its own sampler, from
-/// the distribution without its tail ([`SparseDist::without_tail`]).
+/// before it (`prev`, the anchor at `k = 0`); each block draws from its own sampler (one
+/// uniform a position), from the distribution without its tail ([`SparseDist::without_tail`]).
 pub(crate) fn sample_blocks(
     vocab: &DraftVocab,
     reqs: &[DraftRequest],
@@ -189,9 +189,11 @@ pub(crate) fn sample_blocks(
                 1 => dist,
                 _ => dist.without_tail(vocab.len()),
             };
+            // One uniform a position, drawn or not, as the device's sampled pass takes them.
+            let u = samplers[r.item].uniform();
             let pick = match dist.ids.len() {
                 1 => dist.ids[0],
-                _ => dist.draw(samplers[r.item].uniform()),
+                _ => dist.draw(u),
             };
             prev[r.item] = vocab.target_id(pick as usize);
             let block = &mut blocks[r.item];

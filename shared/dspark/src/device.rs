@@ -9,8 +9,13 @@
 //! and drafting a block run as fixed-shape steps over it, replayed as CUDA graphs on a
 //! CUDA GPU ([`crate::device_context`]). Per block the anchor's input rows go up once; a
 //! greedy block runs its whole Markov pass on the device and sends its γ picks back in one
-//! copy, a sampled one sends each position's logits row back and draws on the host as the
-//! host drafter does ([`crate::draft`]), so a block is the same up to float rounding.
+//! copy. A sampled one at a temperature alone runs its Markov pass and draws on the device
+//! too, with the host's uniforms ([`sample`]), and sends its picks and distributions back in
+//! one copy; with top-k or top-p each position's logits row comes back and is drawn from on
+//! the host as the host drafter does ([`crate::draft`]). Either way a block is the host
+//! drafter's up to float rounding.
+
+mod sample;
 
 use std::collections::hash_map::Entry;
 use std::sync::Arc;
@@ -32,6 +37,8 @@ use crate::error::{DsparkError, Result};
 use crate::frozen::BlockHeads;
 use crate::model::Dspark;
 use crate::params::LayerParams;
+pub(crate) use sample::SampledStep;
+use sample::{SampleChain, SampledIo};
 
 /// What a masked attention score gets added (finite, so that masks are made by
 /// arithmetic; its exponential is exactly zero next to any visible score).
@@ -77,6 +84,8 @@ pub struct DeviceDrafter {
     /// Whether fixed-shape steps are captured as CUDA graphs (on a CUDA device).
     graphs: bool,
     pool: Arc<StoragePool>,
+    /// What a sampled pass's draws read.
+    chain: SampleChain,
 }
 
 impl Drop for DeviceDrafter {
@@ -101,6 +110,7 @@ impl Dspark {
             |t: &Tensor| -> Result<Tensor> { Ok(t.detach().contiguous()?.to_device(device)?) };
         let p = &self.params;
         let hd = self.cfg.d_draft / self.cfg.n_heads;
+        let head_t = put(&head.dense_rows(self.vocab.ids())?.t()?)?;
         let layer = |l: &LayerParams| -> Result<DeviceLayer> {
             let cat = |a: &Tensor, b: &Tensor| put(&Tensor::cat(&[a, b], 1)?);
             Ok(DeviceLayer {
@@ -120,7 +130,8 @@ impl Dspark {
             ctx_norm: put(p.ctx_norm.as_tensor())?,
             out_norm: put(p.out_norm.as_tensor())?,
             out_proj: put(p.out_proj.as_tensor())?,
-            head: put(&head.dense_rows(self.vocab.ids())?.t()?)?,
+            chain: SampleChain::new(head_t.dim(1)?, device)?,
+            head: head_t,
             markov_w1: put(p.markov_w1.as_tensor())?,
             markov_w2: put(p.markov_w2.as_tensor())?,
             target: head.clone(),
@@ -219,6 +230,9 @@ impl DeviceDrafter {
     ) -> Result<DraftBlock> {
         check_request(*req, self.gamma, self.vocab_size)?;
         self.check_context(ctx)?;
+        if sampler.params().temperature_alone() {
+            return self.draft_sampled(ctx, req, sampler);
+        }
         let step = &self.block_step(ctx, req.anchor)?.io;
         let d = self.out_norm.dim(0)?;
         let out = step.out.flatten_all()?.to_vec1::<f32>()?;
@@ -253,9 +267,87 @@ impl DeviceDrafter {
             .ok_or_else(|| DsparkError::Invalid("no block was drafted".into()))
     }
 
+    /// [`Self::draft`] at a temperature alone: the block step, then the sampled pass over its
+    /// base logits with `sampler`'s next `req.gamma` uniforms, and one copy back.
+    fn draft_sampled(
+        &self,
+        ctx: &mut DeviceContext,
+        req: &DraftRequest,
+        sampler: &mut Sampler,
+    ) -> Result<DraftBlock> {
+        let (dev, g, vd) = (&self.device, self.gamma, self.head.dim(1)?);
+        let uniforms: Vec<f32> = (0..g)
+            .map(|k| match k < req.gamma {
+                true => sampler.uniform() as f32,
+                false => 0.0,
+            })
+            .collect();
+        let inv_t = 1.0 / sampler.params().temperature;
+        let BlockStep { io, sampled, .. } = self.block_step(ctx, req.anchor)?;
+        let SampledStep { io: pass, replay } = match sampled {
+            Some(s) => s,
+            none => none.insert(SampledStep::new(g, vd, dev)?),
+        };
+        pass.uniforms
+            .slice_set(&Tensor::from_vec(uniforms, g, dev)?, 0, 0)?;
+        pass.inv_t
+            .slice_set(&Tensor::from_vec(vec![inv_t], (1, 1), dev)?, 0, 0)?;
+        let (io, pass) = (&*io, &*pass);
+        let what = || "a drafter's sampled pass".to_string();
+        replay.run(dev, self.graphs, what, || self.sampled_pass(io, pass))?;
+        let picks = pass.picks.to_vec1::<u32>()?;
+        let probs = pass.probs.narrow(0, 0, req.gamma)?.flatten_all()?;
+        let out = io.out.flatten_all()?.to_vec1::<f32>()?;
+        Ok(self.sampled_block(req, &picks, &probs.to_vec1::<f32>()?, &out))
+    }
+
+    /// The sampled pass's work: each position's distribution at the temperature in `pass`,
+    /// drawn from with its uniform, the draw choosing the next position's Markov row (from
+    /// the anchor's). What a graph captures.
+    fn sampled_pass(&self, io: &BlockIo, pass: &SampledIo) -> Result<()> {
+        with_cached_layouts(&self.device, || -> Result<()> {
+            let mut e1 = self.markov_w1.index_select(&io.meta.narrow(0, 1, 1)?, 0)?;
+            for k in 0..self.gamma {
+                let logits = self.markov_logits(&io.base, k, &e1)?;
+                self.chain.position(&logits, pass, k)?;
+                e1 = self
+                    .markov_w1
+                    .index_select(&pass.picks.narrow(0, k, 1)?, 0)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The block of a sampled pass: its `picks` (draft indices), each position's kept ids
+    /// of `probs` (`[req.gamma, Vd]`) and the confidence of its final state in `out`.
+    fn sampled_block(
+        &self,
+        req: &DraftRequest,
+        picks: &[u32],
+        probs: &[f32],
+        out: &[f32],
+    ) -> DraftBlock {
+        let (d, vd) = (self.out_norm.dims()[0], probs.len() / req.gamma);
+        let mut block = DraftBlock::default();
+        let mut row = self.vocab.markov_row(req.anchor);
+        for (k, q) in probs.chunks_exact(vd).enumerate() {
+            let (ids, probs): (Vec<u32>, Vec<f32>) = (0..vd)
+                .filter(|i| q[*i] > 0.0)
+                .map(|i| (self.vocab.target_id(i), q[i]))
+                .unzip();
+            block.tokens.push(self.vocab.target_id(picks[k] as usize));
+            block
+                .confidences
+                .push(self.host.confidence(&out[k * d..(k + 1) * d], row));
+            block.dists.push(SparseDist { ids, probs });
+            row = picks[k] as usize;
+        }
+        block
+    }
+
     /// Runs the block step after `anchor` over `ctx`: the configured block's final states,
     /// base logits and greedy picks are in the returned step's outputs.
-    fn block_step<'c>(&self, ctx: &'c mut DeviceContext, anchor: u32) -> Result<&'c BlockStep> {
+    fn block_step<'c>(&self, ctx: &'c mut DeviceContext, anchor: u32) -> Result<&'c mut BlockStep> {
         let dev = &self.device;
         let (g, d, vd) = (self.gamma, self.out_norm.dim(0)?, self.head.dim(1)?);
         let block = self.host.block(&self.target.embed(anchor)?)?;

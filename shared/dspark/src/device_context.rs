@@ -28,6 +28,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 use tandem_gemma::{bind_thread, Replayed, Spares};
 
+use crate::device::SampledStep;
 use crate::error::Result;
 
 /// The shortest span of the context a block attends to.
@@ -225,10 +226,12 @@ impl ExtendStep {
     }
 }
 
-/// A block step over a span of the context.
+/// A block step over a span of the context, and the sampled pass over its base logits
+/// (made at the first sampled block).
 pub(crate) struct BlockStep {
     pub(crate) io: BlockIo,
     pub(crate) replay: Replayed,
+    pub(crate) sampled: Option<SampledStep>,
 }
 
 /// A block step's inputs and outputs.
@@ -271,6 +274,7 @@ impl BlockStep {
         Ok(Self {
             io,
             replay: Replayed::default(),
+            sampled: None,
         })
     }
 }

@@ -202,7 +202,8 @@ fn assert_same_blocks(a: &[DraftBlock], b: &[DraftBlock]) {
 }
 
 /// The device drafter (here on candle's CPU backend, its fixed-shape steps op by op)
-/// drafts the host drafter's blocks, greedy and sampled, with and without a draft
+/// drafts the host drafter's blocks, greedy and sampled (at a temperature alone, drawn on
+/// the device, and with top-k and top-p, drawn on the host), with and without a draft
 /// vocabulary, with and without context; over a context that outgrows its first storage
 /// (more than 256 positions, appended in runs longer than one extend step) too, and in a
 /// second session reusing the first's storage.
@@ -217,7 +218,12 @@ fn device_drafting_matches_the_host_drafter() {
         let model = Arc::new(busy_drafter(cfg, &head, 3));
         let host = DsparkProposer::new(Arc::clone(&model), &head).expect("host");
         let device = DsparkProposer::on_device(model, &head, &Device::Cpu, true).expect("device");
-        for params in [SamplingParams::default(), sampled(7)] {
+        let warm = SamplingParams {
+            temperature: 0.7,
+            seed: 11,
+            ..SamplingParams::default()
+        };
+        for params in [SamplingParams::default(), sampled(7), warm] {
             assert_same_blocks(&session(&host, params), &session(&device, params));
             let long = [40, 1, 230, 9, 3];
             for _ in 0..2 {

@@ -170,13 +170,7 @@ impl TargetRows for DeviceRows<'_> {
 /// Whether a sampled round with these logits and parameters is served by [`DeviceRows`]:
 /// logits off the host, temperature alone.
 pub(crate) fn reduces_on_device(logits: &Tensor, params: &tandem_core::SamplingParams) -> bool {
-    !matches!(logits.device(), Device::Cpu) && reducible(params)
-}
-
-/// Whether rows sampled with `params` can be reduced (and drawn from) where they are:
-/// temperature alone.
-pub(crate) fn reducible(params: &tandem_core::SamplingParams) -> bool {
-    !params.is_greedy() && params.top_k.is_none() && params.top_p >= 1.0
+    !matches!(logits.device(), Device::Cpu) && params.temperature_alone()
 }
 
 impl Row {

@@ -12,7 +12,6 @@ use tandem_core::{
 use tandem_gemma::{argmax_rows, BoundedRow, GemmaError, LogitsMode, TopRow};
 
 use super::Generation;
-use crate::device_rows::reducible;
 use crate::error::{EngineError, Result};
 use crate::fetch::{accept_fetching, fetches, plain_draw};
 use crate::models::TargetStep;
@@ -193,7 +192,7 @@ pub(super) fn bounds_plain_rows(req: &GenerationRequest, controls: &LogitControl
     req.verification == Verification::Token
         && req.logprobs.is_none()
         && !controls.is_active(params.temperature)
-        && reducible(params)
+        && params.temperature_alone()
 }
 
 /// The first `rows` rows of a `[m, vocab]` logits tensor.

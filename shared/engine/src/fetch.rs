@@ -14,7 +14,7 @@ use tandem_core::{
     Verification,
 };
 
-use crate::device_rows::{reduces_on_device, reducible, DeviceRows, Draw};
+use crate::device_rows::{reduces_on_device, DeviceRows, Draw};
 use crate::error::Result;
 
 /// Whether [`accept_fetching`] serves a sampled round under `verification`: a rule that
@@ -38,7 +38,7 @@ pub(crate) fn plain_draw(
 ) -> Option<Draw> {
     let params = *sampler.params();
     let ruled = !full && !controls.is_active(params.temperature) && fetches(verification);
-    if !(ruled && reducible(&params)) {
+    if !(ruled && params.temperature_alone()) {
         return None;
     }
     let u = verification.plain_uniform(sampler, first)?;

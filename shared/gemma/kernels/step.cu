@@ -120,6 +120,105 @@ __device__ void geglu(const T *gu, T *out, unsigned int rows, unsigned int f) {
   }
 }
 
+// The largest of `x` over the block (blockDim.x a multiple of 32, at most 1024).
+__device__ float block_max(float x) {
+  __shared__ float part[32];
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) part[warp] = x;
+  __syncthreads();
+  x = lane < blockDim.x / 32 ? part[lane] : -INFINITY;
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, o));
+  return x;
+}
+
+// The sum of `x` over the threads before this one (thread order), and in `*total` over
+// the block (blockDim.x a multiple of 32, at most 1024).
+__device__ float block_scan(float x, float *total) {
+  __shared__ float warps[32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+  float inc = x;
+  for (int o = 1; o < 32; o <<= 1) {
+    const float y = __shfl_up_sync(0xffffffff, inc, o);
+    if (lane >= o) inc += y;
+  }
+  __syncthreads();
+  if (lane == 31) warps[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    float w = lane < nw ? warps[lane] : 0.f;
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_up_sync(0xffffffff, w, o);
+      if (lane >= o) w += y;
+    }
+    warps[lane] = w;
+  }
+  __syncthreads();
+  *total = warps[nw - 1];
+  const float before = (warp == 0 ? 0.f : warps[warp - 1]) + inc - x;
+  __syncthreads();
+  return before;
+}
+
+// One position of a sampled draft, in one block: the proposal of `logits` [n] at one over
+// the temperature `*inv_t` (the softmax without the ids whose probability is below
+// `floor`, renormalised) into `probs` [n], and into `*pick` the id the uniform `*u` draws
+// from it: the first id whose running sum passes `*u`, among ids with mass, or the last id
+// with mass where none does (tandem_core's SparseDist::draw). Each thread holds a run of
+// consecutive ids; the run the draw lands in is found from the runs' masses, the id within
+// it by a walk, and the smallest id any run's walk finds wins.
+extern "C" __global__ void draw_row_f32(const float *logits, const float *inv_t,
+                                        const float *u, float floor, float *probs,
+                                        unsigned int *pick, unsigned int n) {
+  __shared__ unsigned int found;
+  __shared__ int last_kept;
+  const unsigned int per = (n + blockDim.x - 1) / blockDim.x;
+  const unsigned int lo = min(threadIdx.x * per, n), hi = min(lo + per, n);
+  const float s = *inv_t;
+  if (threadIdx.x == 0) {
+    found = n;
+    last_kept = -1;
+  }
+  float m = -INFINITY;
+  for (unsigned int i = lo; i < hi; i++) m = fmaxf(m, logits[i] * s);
+  m = block_max(m);
+  float sum = 0.f;
+  for (unsigned int i = lo; i < hi; i++) sum += expf(logits[i] * s - m);
+  const float inv_total = 1.f / block_sum(sum);
+  float mass = 0.f;
+  int last = -1;
+  for (unsigned int i = lo; i < hi; i++) {
+    const float p = expf(logits[i] * s - m) * inv_total;
+    if (p >= floor) {
+      mass += p;
+      last = (int)i;
+    }
+  }
+  float kept;
+  const float before = block_scan(mass, &kept);
+  if (last >= 0) atomicMax(&last_kept, last);
+  const float target = *u * kept;
+  if (mass > 0.f && target < before + mass) {
+    float acc = before;
+    for (unsigned int i = lo; i < hi; i++) {
+      const float p = expf(logits[i] * s - m) * inv_total;
+      if (p < floor) continue;
+      acc += p;
+      if (target < acc) {
+        atomicMin(&found, i);
+        break;
+      }
+    }
+  }
+  for (unsigned int i = lo; i < hi; i++) {
+    const float p = expf(logits[i] * s - m) * inv_total;
+    probs[i] = p >= floor ? p / kept : 0.f;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *pick = found < n ? found : (unsigned int)max(last_kept, 0);
+}
+
 #define EXPORT(T, S)                                                                        \
   extern "C" __global__ void scatter_rows_##S(const unsigned int *pos, const T *src, T *dst, \
                                               unsigned int rows, unsigned int width,        \

@@ -110,6 +110,27 @@ pub(crate) fn geglu(gu: &Tensor) -> Result<Tensor> {
     Ok((gu.narrow(D::Minus1, 0, f)?.gelu()? * gu.narrow(D::Minus1, f, f)?)?)
 }
 
+/// One position of a sampled draft on a CUDA GPU, in one launch: the proposal of `logits`
+/// (`[n]` f32) at one over the temperature `inv_t` — the softmax without the ids below
+/// `floor`, renormalised — into `probs` (`[n]`), and into `pick` (`[1]` u32) the id the
+/// uniform `u` draws from it (the first whose running sum passes `u` among ids with mass,
+/// the last with mass where none does: `tandem_core::SparseDist::draw`'s walk). `inv_t`
+/// and `u` are `[1]` f32 on the device, so a captured step reads them at replay; every
+/// tensor must be contiguous. Elsewhere an error: the caller composes candle's ops.
+pub fn draw_row(
+    logits: &Tensor,
+    (inv_t, u): (&Tensor, &Tensor),
+    floor: f32,
+    (probs, pick): (&Tensor, &Tensor),
+) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if logits.device().is_cuda() {
+        return cuda::draw_row(logits, (inv_t, u), floor, (probs, pick));
+    }
+    let _ = (logits, inv_t, u, floor, probs, pick);
+    Err(candle_core::Error::Msg("draw_row runs on a CUDA GPU only".into()).into())
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::backend::BackendStorage;
@@ -300,6 +321,40 @@ mod cuda {
             None => None,
         };
         Ok((sum, normed))
+    }
+
+    pub(super) fn draw_row(
+        logits: &Tensor,
+        (inv_t, u): (&Tensor, &Tensor),
+        floor: f32,
+        (probs, pick): (&Tensor, &Tensor),
+    ) -> Result<()> {
+        let n = logits.elem_count();
+        if logits.dtype() != DType::F32 || probs.elem_count() != n || pick.dtype() != DType::U32 {
+            return fail(format!(
+                "draw_row of {:?} into {:?}",
+                logits.shape(),
+                probs.shape()
+            ));
+        }
+        let (dev, name) = kernel(logits, "draw_row")?;
+        let func = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
+        let ptrs = [logits, inv_t, u].map(addr);
+        let ptrs: Vec<u64> = ptrs.into_iter().collect::<Result<_>>()?;
+        let (pp, pk, n) = (addr(probs)?, addr(pick)?, n as u32);
+        let mut b = func.builder();
+        ptrs.iter().for_each(|p| {
+            b.arg(p);
+        });
+        b.arg(&floor).arg(&pp).arg(&pk).arg(&n);
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match the kernel (sizes checked above).
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(())
     }
 
     pub(super) fn geglu(gu: &Tensor) -> Result<Tensor> {
