@@ -10,10 +10,10 @@
 //! CUDA GPU ([`crate::device_context`]). Per block the anchor's input rows go up once; a
 //! greedy block runs its whole Markov pass on the device and sends its γ picks back in one
 //! copy. A sampled one at a temperature alone runs its Markov pass and draws on the device
-//! too, with the host's uniforms ([`sample`]), and sends its picks and distributions back in
-//! one copy; with top-k or top-p each position's logits row comes back and is drawn from on
-//! the host as the host drafter does ([`crate::draft`]). Either way a block is the host
-//! drafter's up to float rounding.
+//! too, with the host's uniforms ([`sample`]), and sends back its picks and each
+//! position's kept ids and probabilities; with top-k or top-p each position's logits row
+//! comes back and is drawn from on the host as the host drafter does ([`crate::draft`]).
+//! Either way a block is the host drafter's up to float rounding.
 
 mod sample;
 
@@ -43,6 +43,14 @@ use sample::{SampleChain, SampledIo};
 /// What a masked attention score gets added (finite, so that masks are made by
 /// arithmetic; its exponential is exactly zero next to any visible score).
 const MASKED: f64 = -1e30;
+
+/// A sampled pass's kept entries, copied back: position `k`'s draft indices and
+/// probabilities are `ids[ends[k]..ends[k + 1]]` and `probs[…]`.
+struct Kept<'a> {
+    ends: &'a [u32],
+    ids: &'a [u32],
+    probs: &'a [f32],
+}
 
 /// One backbone layer's weights on the device, stored `[in, out]`.
 struct DeviceLayer {
@@ -296,9 +304,17 @@ impl DeviceDrafter {
         let what = || "a drafter's sampled pass".to_string();
         replay.run(dev, self.graphs, what, || self.sampled_pass(io, pass))?;
         let picks = pass.picks.to_vec1::<u32>()?;
-        let probs = pass.probs.narrow(0, 0, req.gamma)?.flatten_all()?;
+        let ends = pass.ends.to_vec1::<u32>()?;
+        let kept = ends[req.gamma] as usize;
+        let ids = pass.ids.narrow(0, 0, kept)?.to_vec1::<u32>()?;
+        let probs = pass.probs.narrow(0, 0, kept)?.to_vec1::<f32>()?;
         let out = io.out.flatten_all()?.to_vec1::<f32>()?;
-        Ok(self.sampled_block(req, &picks, &probs.to_vec1::<f32>()?, &out))
+        let kept = Kept {
+            ends: &ends,
+            ids: &ids,
+            probs: &probs,
+        };
+        Ok(self.sampled_block(req, &picks, kept, &out))
     }
 
     /// The sampled pass's work: each position's distribution at the temperature in `pass`,
@@ -318,28 +334,29 @@ impl DeviceDrafter {
         })
     }
 
-    /// The block of a sampled pass: its `picks` (draft indices), each position's kept ids
-    /// of `probs` (`[req.gamma, Vd]`) and the confidence of its final state in `out`.
+    /// The block of a sampled pass: its `picks` (draft indices), each position's `kept` ids
+    /// and probabilities and the confidence of its final state in `out`.
     fn sampled_block(
         &self,
         req: &DraftRequest,
         picks: &[u32],
-        probs: &[f32],
+        kept: Kept<'_>,
         out: &[f32],
     ) -> DraftBlock {
-        let (d, vd) = (self.out_norm.dims()[0], probs.len() / req.gamma);
+        let d = self.out_norm.dims()[0];
         let mut block = DraftBlock::default();
         let mut row = self.vocab.markov_row(req.anchor);
-        for (k, q) in probs.chunks_exact(vd).enumerate() {
-            let (ids, probs): (Vec<u32>, Vec<f32>) = (0..vd)
-                .filter(|i| q[*i] > 0.0)
-                .map(|i| (self.vocab.target_id(i), q[i]))
-                .unzip();
+        for (k, span) in kept.ends.windows(2).take(req.gamma).enumerate() {
+            let (a, b) = (span[0] as usize, span[1] as usize);
+            let ids = kept.ids[a..b].iter();
             block.tokens.push(self.vocab.target_id(picks[k] as usize));
             block
                 .confidences
                 .push(self.host.confidence(&out[k * d..(k + 1) * d], row));
-            block.dists.push(SparseDist { ids, probs });
+            block.dists.push(SparseDist {
+                ids: ids.map(|i| self.vocab.target_id(*i as usize)).collect(),
+                probs: kept.probs[a..b].to_vec(),
+            });
             row = picks[k] as usize;
         }
         block

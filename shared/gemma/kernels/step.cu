@@ -133,18 +133,13 @@ __device__ float block_max(float x) {
   return x;
 }
 
-// The sum of `x` over the threads before this one (thread order), and in `*total` over
-// the block (blockDim.x a multiple of 32, at most 1024).
-__device__ float block_scan(float x, float *total) {
+// The sum of `x` over the warps before this one (one value a warp, the same in each of
+// its lanes), and in `*total` over the block (blockDim.x a multiple of 32, at most 1024).
+__device__ float warps_before(float x, float *total) {
   __shared__ float warps[32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-  float inc = x;
-  for (int o = 1; o < 32; o <<= 1) {
-    const float y = __shfl_up_sync(0xffffffff, inc, o);
-    if (lane >= o) inc += y;
-  }
   __syncthreads();
-  if (lane == 31) warps[warp] = inc;
+  if (lane == 0) warps[warp] = x;
   __syncthreads();
   if (warp == 0) {
     float w = lane < nw ? warps[lane] : 0.f;
@@ -156,66 +151,99 @@ __device__ float block_scan(float x, float *total) {
   }
   __syncthreads();
   *total = warps[nw - 1];
-  const float before = (warp == 0 ? 0.f : warps[warp - 1]) + inc - x;
+  const float before = warp == 0 ? 0.f : warps[warp - 1];
   __syncthreads();
   return before;
 }
 
-// One position of a sampled draft, in one block: the proposal of `logits` [n] at one over
-// the temperature `*inv_t` (the softmax without the ids whose probability is below
-// `floor`, renormalised) into `probs` [n], and into `*pick` the id the uniform `*u` draws
-// from it: the first id whose running sum passes `*u`, among ids with mass, or the last id
-// with mass where none does (tandem_core's SparseDist::draw). Each thread holds a run of
-// consecutive ids; the run the draw lands in is found from the runs' masses, the id within
-// it by a walk, and the smallest id any run's walk finds wins.
+// The sum of `x` over the warp's lanes.
+__device__ float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
+  return x;
+}
+
+// One position of a sampled draft, in one block of 1024 threads: the proposal of `logits`
+// [n] at one over the temperature `*inv_t` (the softmax without the ids whose probability
+// is below `floor`, renormalised) and the id the uniform `*u` draws from it: the first id
+// whose running sum passes `*u`, among ids with mass, or the last id with mass where none
+// does (tandem_core's SparseDist::draw). The kept ids, ascending, and their probabilities
+// go to `ids` and `probs` from offset `ends[0]` on, and the offset past them to `ends[1]`
+// (so the positions of a block follow each other in one buffer); the drawn id to `*pick`.
+// Warp w holds the ids of rows w * rows .. (w + 1) * rows of 32 (each lane one column, so
+// reads are coalesced); the warp the draw lands in is found from the warps' masses, the row
+// from its rows', the id by a scan of that row, and the smallest id any warp finds wins.
 extern "C" __global__ void draw_row_f32(const float *logits, const float *inv_t,
-                                        const float *u, float floor, float *probs,
-                                        unsigned int *pick, unsigned int n) {
-  __shared__ unsigned int found;
+                                        const float *u, float floor, unsigned int *ids,
+                                        float *probs, unsigned int *ends, unsigned int *pick,
+                                        unsigned int n) {
+  __shared__ unsigned int found, counts[32];
   __shared__ int last_kept;
-  const unsigned int per = (n + blockDim.x - 1) / blockDim.x;
-  const unsigned int lo = min(threadIdx.x * per, n), hi = min(lo + per, n);
+  const unsigned int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+  const unsigned int rows = (n + 32 * nw - 1) / (32 * nw), first = warp * rows * 32 + lane;
   const float s = *inv_t;
   if (threadIdx.x == 0) {
     found = n;
     last_kept = -1;
   }
   float m = -INFINITY;
-  for (unsigned int i = lo; i < hi; i++) m = fmaxf(m, logits[i] * s);
+  for (unsigned int r = 0, i = first; r < rows; r++, i += 32)
+    if (i < n) m = fmaxf(m, logits[i] * s);
   m = block_max(m);
   float sum = 0.f;
-  for (unsigned int i = lo; i < hi; i++) sum += expf(logits[i] * s - m);
+  for (unsigned int r = 0, i = first; r < rows; r++, i += 32)
+    if (i < n) sum += expf(logits[i] * s - m);
   const float inv_total = 1.f / block_sum(sum);
   float mass = 0.f;
+  unsigned int count = 0;
   int last = -1;
-  for (unsigned int i = lo; i < hi; i++) {
-    const float p = expf(logits[i] * s - m) * inv_total;
-    if (p >= floor) {
+  for (unsigned int r = 0, i = first; r < rows; r++, i += 32) {
+    const float p = i < n ? expf(logits[i] * s - m) * inv_total : 0.f;
+    if (p >= floor && i < n) {
       mass += p;
+      count++;
       last = (int)i;
     }
   }
-  float kept;
-  const float before = block_scan(mass, &kept);
   if (last >= 0) atomicMax(&last_kept, last);
+  const float warp_mass = warp_sum(mass);
+  for (int o = 16; o > 0; o >>= 1) count += __shfl_xor_sync(0xffffffff, count, o);
+  if (lane == 0) counts[warp] = count;
+  float kept;
+  const float before = warps_before(warp_mass, &kept);
   const float target = *u * kept;
-  if (mass > 0.f && target < before + mass) {
+  if (warp_mass > 0.f && target < before + warp_mass) {
     float acc = before;
-    for (unsigned int i = lo; i < hi; i++) {
-      const float p = expf(logits[i] * s - m) * inv_total;
-      if (p < floor) continue;
-      acc += p;
-      if (target < acc) {
-        atomicMin(&found, i);
+    for (unsigned int r = 0, i = first; r < rows; r++, i += 32) {
+      const float p = i < n ? expf(logits[i] * s - m) * inv_total : 0.f;
+      const float q = p >= floor ? p : 0.f;
+      float inc = q;
+      for (int o = 1; o < 32; o <<= 1) {
+        const float y = __shfl_up_sync(0xffffffff, inc, o);
+        if (lane >= o) inc += y;
+      }
+      const unsigned int past = __ballot_sync(0xffffffff, q > 0.f && target < acc + inc);
+      if (past != 0) {
+        if (lane == 0) atomicMin(&found, i - lane + __ffs(past) - 1);
         break;
       }
+      acc += __shfl_sync(0xffffffff, inc, 31);
     }
   }
-  for (unsigned int i = lo; i < hi; i++) {
-    const float p = expf(logits[i] * s - m) * inv_total;
-    probs[i] = p >= floor ? p / kept : 0.f;
-  }
   __syncthreads();
+  unsigned int at = ends[0];
+  for (unsigned int w = 0; w < warp; w++) at += counts[w];
+  for (unsigned int r = 0, i = first; r < rows; r++, i += 32) {
+    const float p = i < n ? expf(logits[i] * s - m) * inv_total : 0.f;
+    const bool keep = i < n && p >= floor;
+    const unsigned int held = __ballot_sync(0xffffffff, keep);
+    if (keep) {
+      const unsigned int k = at + __popc(held & ((1u << lane) - 1));
+      ids[k] = i;
+      probs[k] = p / kept;
+    }
+    at += __popc(held);
+  }
+  if (threadIdx.x == blockDim.x - 1) ends[1] = at;
   if (threadIdx.x == 0) *pick = found < n ? found : (unsigned int)max(last_kept, 0);
 }
 

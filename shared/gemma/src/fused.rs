@@ -110,24 +110,42 @@ pub(crate) fn geglu(gu: &Tensor) -> Result<Tensor> {
     Ok((gu.narrow(D::Minus1, 0, f)?.gelu()? * gu.narrow(D::Minus1, f, f)?)?)
 }
 
+/// Where [`draw_row`] writes one position of a sampled draft: the kept ids (`[N]` u32) and
+/// their probabilities (`[N]` f32) from offset `ends[at]` on, the offset past them to
+/// `ends[at + 1]` (`ends` u32), and the drawn id to `pick` (`[1]` u32).
+pub struct DrawOut<'a> {
+    /// Kept ids, ascending, after the earlier positions'.
+    pub ids: &'a Tensor,
+    /// Their probabilities.
+    pub probs: &'a Tensor,
+    /// Where each position's entries start.
+    pub ends: &'a Tensor,
+    /// This position.
+    pub at: usize,
+    /// The drawn id.
+    pub pick: &'a Tensor,
+}
+
 /// One position of a sampled draft on a CUDA GPU, in one launch: the proposal of `logits`
 /// (`[n]` f32) at one over the temperature `inv_t` — the softmax without the ids below
-/// `floor`, renormalised — into `probs` (`[n]`), and into `pick` (`[1]` u32) the id the
-/// uniform `u` draws from it (the first whose running sum passes `u` among ids with mass,
-/// the last with mass where none does: `tandem_core::SparseDist::draw`'s walk). `inv_t`
-/// and `u` are `[1]` f32 on the device, so a captured step reads them at replay; every
-/// tensor must be contiguous. Elsewhere an error: the caller composes candle's ops.
+/// `floor`, renormalised — kept ids ascending, and the id the uniform `u` draws from it
+/// (the first whose running sum passes `u` among ids with mass, the last with mass where
+/// none does: `tandem_core::SparseDist::draw`'s walk), written to `out`. `inv_t` and `u`
+/// are `[1]` f32 on the device, so a captured step reads them at replay; every tensor must
+/// be contiguous and `out`'s buffers hold `(at + 1) n` entries (so `ends[at]`, at most
+/// `at n`, leaves room for `n`). Elsewhere an error: the
+/// caller composes candle's ops.
 pub fn draw_row(
     logits: &Tensor,
     (inv_t, u): (&Tensor, &Tensor),
     floor: f32,
-    (probs, pick): (&Tensor, &Tensor),
+    out: DrawOut<'_>,
 ) -> Result<()> {
     #[cfg(feature = "cuda")]
     if logits.device().is_cuda() {
-        return cuda::draw_row(logits, (inv_t, u), floor, (probs, pick));
+        return cuda::draw_row(logits, (inv_t, u), floor, out);
     }
-    let _ = (logits, inv_t, u, floor, probs, pick);
+    let _ = (logits, inv_t, u, floor, out);
     Err(candle_core::Error::Msg("draw_row runs on a CUDA GPU only".into()).into())
 }
 
@@ -327,32 +345,34 @@ mod cuda {
         logits: &Tensor,
         (inv_t, u): (&Tensor, &Tensor),
         floor: f32,
-        (probs, pick): (&Tensor, &Tensor),
+        out: super::DrawOut<'_>,
     ) -> Result<()> {
         let n = logits.elem_count();
-        if logits.dtype() != DType::F32 || probs.elem_count() != n || pick.dtype() != DType::U32 {
+        let room = out.ids.elem_count() >= (out.at + 1) * n;
+        let sizes_ok = room && out.probs.elem_count() == out.ids.elem_count();
+        if logits.dtype() != DType::F32 || !sizes_ok || out.at + 1 >= out.ends.elem_count() {
             return fail(format!(
                 "draw_row of {:?} into {:?}",
                 logits.shape(),
-                probs.shape()
+                out.ids.shape()
             ));
         }
         let (dev, name) = kernel(logits, "draw_row")?;
         let func = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
-        let ptrs = [logits, inv_t, u].map(addr);
-        let ptrs: Vec<u64> = ptrs.into_iter().collect::<Result<_>>()?;
-        let (pp, pk, n) = (addr(probs)?, addr(pick)?, n as u32);
+        let ends = out.ends.narrow(0, out.at, 2)?;
+        let ptrs = [logits, inv_t, u, out.ids, out.probs, &ends, out.pick].map(addr);
+        let p: Vec<u64> = ptrs.into_iter().collect::<Result<_>>()?;
+        let n = n as u32;
         let mut b = func.builder();
-        ptrs.iter().for_each(|p| {
-            b.arg(p);
-        });
-        b.arg(&floor).arg(&pp).arg(&pk).arg(&n);
+        b.arg(&p[0]).arg(&p[1]).arg(&p[2]).arg(&floor);
+        b.arg(&p[3]).arg(&p[4]).arg(&p[5]).arg(&p[6]).arg(&n);
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: the arguments match the kernel (sizes checked above).
+        // SAFETY: the arguments match the kernel; the buffers hold `(at + 1) n` entries
+        // (checked above) and `ends[at]` is at most `at n`, as `draw_row`'s caller promises.
         unsafe { b.launch(cfg) }.w()?;
         Ok(())
     }

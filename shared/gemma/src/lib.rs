@@ -26,7 +26,7 @@ mod ops;
 pub mod testing;
 
 pub use error::{GemmaError, Result};
-pub use fused::{draw_row, scatter_rows};
+pub use fused::{draw_row, scatter_rows, DrawOut};
 pub use gemma3::{
     export_hf, hf_config_json, padded_rows, profile_steps, take_step_profile, BoundedRow,
     DeviceBatch, DeviceCache, DeviceGemma3, DeviceOptions, DeviceSlots, ForwardOptions,

@@ -1,20 +1,21 @@
 //! A sampled block's Markov pass on the device (DSpark, arXiv 2607.05147, Alg. 1): at a
 //! temperature alone (no top-k, no top-p), each position's draft distribution without its
 //! tail ([`tandem_core::SparseDist::without_tail`]) and its draw are made where the logits
-//! are, so a block is one replayed step and one copy back instead of γ round trips to the
-//! host with the 32,768 logits of each position (2.5 ms a sampled block on an H200 against
-//! 0.5 ms greedy, `docs/performance/2026-12-06-h200-device-sampled-rows.md`).
+//! are, and only the kept ids and their probabilities come back, in one buffer for the
+//! block. Drawing each position on the host took a round trip a position with its 32,768
+//! logits and a host softmax (1.8 ms a sampled block on an H100 against 0.4 ms greedy).
 //!
 //! A draw walks the distribution as [`tandem_core::SparseDist::draw`] does, with the
-//! host's uniform: the running sums of [`CHUNK`]-token chunks find the chunk, the running
-//! sums within it the token (each a product with a triangular matrix of ones), and a token
-//! is taken only where it has mass, so the drawn token is always one the returned
-//! distribution holds. The same uniform draws the host's token up to float rounding at the
-//! boundary between two tokens.
+//! host's uniform, and takes a token only where it has mass, so the drawn token is always
+//! one the returned distribution holds; the same uniform draws the host's token up to float
+//! rounding at the boundary between two tokens. On a CUDA GPU a position is one launch of
+//! [`tandem_gemma::draw_row`]; elsewhere (the tests, on candle's CPU backend) the running
+//! sums of [`CHUNK`]-token chunks find the chunk and the running sums within it the token
+//! (each a product with a triangular matrix of ones).
 
 use candle_core::{DType, Device, Tensor};
 use tandem_core::sampling::PROPOSAL_TAIL;
-use tandem_gemma::{draw_row, Replayed};
+use tandem_gemma::{draw_row, DrawOut, Replayed};
 
 use crate::error::Result;
 
@@ -65,8 +66,13 @@ pub(super) struct SampledIo {
     pub(super) inv_t: Tensor,
     /// `[γ]` u32 drawn draft indices.
     pub(super) picks: Tensor,
-    /// `[γ, Vd]` f32 each position's distribution (zero outside what it keeps).
+    /// `[γ Vd]` u32 and f32: each position's kept draft indices (ascending) and their
+    /// probabilities, position after position.
+    pub(super) ids: Tensor,
     pub(super) probs: Tensor,
+    /// `[γ + 1]` u32: where each position's entries start, and past the last (`ends[0]`
+    /// stays 0).
+    pub(super) ends: Tensor,
 }
 
 impl SampledIo {
@@ -75,7 +81,9 @@ impl SampledIo {
             uniforms: Tensor::zeros(gamma, DType::F32, device)?,
             inv_t: Tensor::ones((1, 1), DType::F32, device)?,
             picks: Tensor::zeros(gamma, DType::U32, device)?,
-            probs: Tensor::zeros((gamma, vd), DType::F32, device)?,
+            ids: Tensor::zeros(gamma * vd, DType::U32, device)?,
+            probs: Tensor::zeros(gamma * vd, DType::F32, device)?,
+            ends: Tensor::zeros(gamma + 1, DType::U32, device)?,
         })
     }
 }
@@ -110,13 +118,21 @@ impl SampleChain {
         })
     }
 
-    /// Position `k` of a sampled pass: the proposal of `logits` (`[Vd]`) into row `k` of
-    /// `pass.probs` and its draw with uniform `k` into `pass.picks[k]`. One launch of
-    /// [`draw_row`] on a CUDA GPU; elsewhere the composition of candle's ops below.
+    /// Position `k` of a sampled pass: the proposal of `logits` (`[Vd]`), its kept ids and
+    /// probabilities after position `k - 1`'s in `pass`, and its draw with uniform `k` into
+    /// `pass.picks[k]`. One launch of [`draw_row`] on a CUDA GPU; elsewhere the composition
+    /// of candle's ops below, kept on the host.
     pub(super) fn position(&self, logits: &Tensor, pass: &SampledIo, k: usize) -> Result<()> {
         let u = pass.uniforms.narrow(0, k, 1)?;
+        let pick = pass.picks.narrow(0, k, 1)?;
         if logits.device().is_cuda() {
-            let out = (&pass.probs.narrow(0, k, 1)?, &pass.picks.narrow(0, k, 1)?);
+            let out = DrawOut {
+                ids: &pass.ids,
+                probs: &pass.probs,
+                ends: &pass.ends,
+                at: k,
+                pick: &pick,
+            };
             return Ok(draw_row(
                 &logits.contiguous()?,
                 (&pass.inv_t, &u),
@@ -125,9 +141,16 @@ impl SampleChain {
             )?);
         }
         let q = self.proposal(&logits.unsqueeze(0)?, &pass.inv_t)?;
-        let pick = self.draw(&q, &u.unsqueeze(0)?)?;
-        pass.probs.slice_set(&q, 0, k)?;
-        pass.picks.slice_set(&pick, 0, k)?;
+        pick.slice_set(&self.draw(&q, &u.unsqueeze(0)?)?, 0, 0)?;
+        let q = q.flatten_all()?.to_vec1::<f32>()?;
+        let (ids, probs): (Vec<u32>, Vec<f32>) = (0u32..).zip(q).filter(|(_, p)| *p > 0.0).unzip();
+        let start = pass.ends.get(k)?.to_scalar::<u32>()? as usize;
+        let end = start + ids.len();
+        let dev = logits.device();
+        pass.ids.slice_set(&Tensor::new(ids, dev)?, 0, start)?;
+        pass.probs.slice_set(&Tensor::new(probs, dev)?, 0, start)?;
+        pass.ends
+            .slice_set(&Tensor::new(&[end as u32], dev)?, 0, k + 1)?;
         Ok(())
     }
 
