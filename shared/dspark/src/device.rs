@@ -276,7 +276,8 @@ impl DeviceDrafter {
     }
 
     /// [`Self::draft`] at a temperature alone: the block step, then the sampled pass over its
-    /// base logits with `sampler`'s next `req.gamma` uniforms, and one copy back.
+    /// base logits with `sampler`'s next `req.gamma` uniforms; then the picks, the offsets
+    /// and the kept entries come back.
     fn draft_sampled(
         &self,
         ctx: &mut DeviceContext,

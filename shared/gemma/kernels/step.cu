@@ -15,18 +15,33 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
 }
 template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
 
-// The sum of `x` over the block (blockDim.x a multiple of 32, at most 1024).
-__device__ float block_sum(float x) {
-  __shared__ float part[32];
+// The sum and the largest of `x` over the warp's lanes.
+__device__ float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
+  return x;
+}
+__device__ float warp_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, o));
+  return x;
+}
+
+// `x` reduced over the block by the warp reduction `W` (`idle` where a lane has no warp to
+// read; blockDim.x a multiple of 32, at most 1024).
+template <float (*W)(float)> __device__ float block_reduce(float x, float idle) {
+  __shared__ float part[32];
+  x = W(x);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();
   if (lane == 0) part[warp] = x;
   __syncthreads();
-  x = lane < blockDim.x / 32 ? part[lane] : 0.f;
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
-  return x;
+  x = lane < blockDim.x / 32 ? part[lane] : idle;
+  return W(x);
 }
+
+// The sum of `x` over the block.
+__device__ float block_sum(float x) { return block_reduce<warp_sum>(x, 0.f); }
+// The largest of `x` over the block.
+__device__ float block_max(float x) { return block_reduce<warp_max>(x, -INFINITY); }
 
 // Row scatter: `dst` row `pos[r]` = `src` row `r` (positions past `dst_rows` are skipped),
 // one thread per element, copied as bits (candle's scatter walks the rows serially).
@@ -120,19 +135,6 @@ __device__ void geglu(const T *gu, T *out, unsigned int rows, unsigned int f) {
   }
 }
 
-// The largest of `x` over the block (blockDim.x a multiple of 32, at most 1024).
-__device__ float block_max(float x) {
-  __shared__ float part[32];
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, o));
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();
-  if (lane == 0) part[warp] = x;
-  __syncthreads();
-  x = lane < blockDim.x / 32 ? part[lane] : -INFINITY;
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, o));
-  return x;
-}
-
 // The sum of `x` over the warps before this one (one value a warp, the same in each of
 // its lanes), and in `*total` over the block (blockDim.x a multiple of 32, at most 1024).
 __device__ float warps_before(float x, float *total) {
@@ -154,12 +156,6 @@ __device__ float warps_before(float x, float *total) {
   const float before = warp == 0 ? 0.f : warps[warp - 1];
   __syncthreads();
   return before;
-}
-
-// The sum of `x` over the warp's lanes.
-__device__ float warp_sum(float x) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
-  return x;
 }
 
 // One position of a sampled draft, in one block of 1024 threads: the proposal of `logits`
