@@ -3,7 +3,8 @@
 //! plain output token for token (20 prompts × 64 new tokens, γ ∈ {1, 4, 8}); sampled
 //! output reproduces under a seed; the adaptive draft length turns such a drafter off
 //! without changing the output, and the next generation of the engine starts with it off;
-//! a lookup in the context that keeps missing backs off.
+//! a lookup in the context that keeps missing backs off. The tests whose policies learn
+//! from measured timings run with the cores to themselves (`tandem_testkit::timing`).
 
 mod common;
 
@@ -26,6 +27,7 @@ fn random_drafter() -> DsparkProposer {
 
 #[test]
 fn greedy_output_is_plain_output() {
+    let _cores = tandem_testkit::timing::shared();
     let drafter = random_drafter();
     for prompt in PROMPTS {
         let reference = reference(prompt, NEW_TOKENS);
@@ -43,6 +45,7 @@ fn greedy_output_is_plain_output() {
 
 #[test]
 fn sampled_output_reproduces_under_a_seed() {
+    let _cores = tandem_testkit::timing::shared();
     let drafter = random_drafter();
     let sampling = SamplingParams {
         temperature: 0.7,
@@ -66,6 +69,7 @@ fn sampled_output_reproduces_under_a_seed() {
 
 #[test]
 fn adaptive_gamma_turns_a_useless_drafter_off_and_keeps_the_output() {
+    let _cores = tandem_testkit::timing::timed();
     // The drafter's own lookup off too: its looked-up blocks are right where the text
     // repeats itself, and this is about the rounds the model drafts.
     let drafter = random_drafter().with_lookup(false);
@@ -133,6 +137,7 @@ fn next_start(engine: &Engine, drafter: &DsparkProposer) -> (f64, usize) {
 /// γ), and the learning against the acceptance rate it carries.
 #[test]
 fn the_next_generation_starts_from_what_the_last_one_learnt() {
+    let _cores = tandem_testkit::timing::timed();
     let shared = engine();
     let fresh = Engine::new(shared.model().clone(), shared.tokenizer().clone());
     let drafter = random_drafter();
@@ -169,6 +174,7 @@ fn the_next_generation_starts_from_what_the_last_one_learnt() {
 /// the round's.
 #[test]
 fn a_lookup_that_keeps_missing_backs_off() {
+    let _cores = tandem_testkit::timing::timed();
     let drafter = random_drafter().with_lookup(false);
     let prompt = "1, 2, 3, 4,";
     let reference = reference(prompt, NEW_TOKENS);
