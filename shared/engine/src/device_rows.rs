@@ -290,8 +290,11 @@ impl Reduced {
 
     /// Each row's chunk sums, copied.
     fn sums(&self) -> candle_core::Result<Vec<Vec<f64>>> {
-        Ok((self.sums.to_vec2::<f32>()?.into_iter())
-            .map(|row| row.into_iter().map(f64::from).collect())
+        Ok(self
+            .sums
+            .to_vec2::<f32>()?
+            .iter()
+            .map(|r| widened(r))
             .collect())
     }
 
@@ -312,9 +315,7 @@ impl Reduced {
         }
         let copied = Tensor::cat(&parts, 0)?.to_vec1::<f32>()?;
         let (sums, picked) = copied.split_at(rows * chunks);
-        let sums: Vec<Vec<f64>> = (sums.chunks_exact(chunks))
-            .map(|row| row.iter().copied().map(f64::from).collect())
-            .collect();
+        let sums: Vec<Vec<f64>> = sums.chunks_exact(chunks).map(widened).collect();
         let mut weights_of = vec![None; rows];
         for ((row, id), w) in picks.iter().zip(picked) {
             weights_of[*row] = Some((*id, f64::from(*w)));
@@ -340,6 +341,11 @@ impl Reduced {
             .index_select(&ids, 0)?
             .to_vec2::<f32>()
     }
+}
+
+/// A row of chunk sums copied from the device, in f64 (what walks add up in).
+fn widened(row: &[f32]) -> Vec<f64> {
+    row.iter().copied().map(f64::from).collect()
 }
 
 /// The chunk a walk to `target` over the chunks' masses falls in, and the mass before it.
