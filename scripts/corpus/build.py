@@ -12,6 +12,9 @@ receives text documents (.txt, cut into 64-token prompts by the trainer) and pro
                 (bodies), the Brown corpus (tags stripped), single nlp-corpus sentences
   chat          chatterbot-corpus conversations as "User:/Assistant:" and Gemma turns
   instructions  requests (write a letter / story / recipe / summary / ... about a topic)
+  tasks         longer requests as users send them, composed by tasks.py: details to
+                include, a passage of the prose below to summarize or extract from, a role,
+                code to explain or port, small puzzles, often with a format or a limit
   questions     what / how / why questions and chatterbot questions, in chat forms
   math          gsm_symbolic templates 0-79 (reasoning-gym): worked problems and questions
   code          reasoning-gym codeio Python programs with their task text, lodash and
@@ -35,6 +38,8 @@ import re
 import sys
 import types
 from pathlib import Path
+
+import tasks
 
 SEED = 20261204
 BAD_WORDS = re.compile(
@@ -227,8 +232,13 @@ def math_problems(pkgs, out, rng, templates=range(80)):
     write_jsonl(out / "math/problems.jsonl", asks)
 
 
+def codeio(pkgs):
+    path = pkgs / "reasoning_gym-0.1.25/reasoning_gym/data/codeio.jsonl.gz"
+    return [json.loads(l) for l in gzip.open(path, "rt")]
+
+
 def code(pkgs, out, rng):
-    items = [json.loads(l) for l in gzip.open(pkgs / "reasoning_gym-0.1.25/reasoning_gym/data/codeio.jsonl.gz", "rt")]
+    items = codeio(pkgs)
     docs = [f"# {it['task_description']}\n{it['code_sample']}\n" for it in items[:900]]
     write_docs(out / "code/python", docs)
     asks = []
@@ -247,6 +257,23 @@ def code(pkgs, out, rng):
     (out / "code/js").mkdir(parents=True, exist_ok=True)
     for i, text in enumerate(js):
         (out / "code/js" / f"{i:05d}.txt").write_text(text[:KEEP_CHARS], encoding="utf-8")
+
+
+REVIEWS = re.compile(r"\b(film|movie|book|novel|album|restaurant|hotel|product|show|actor|plot)\b", re.I)
+
+
+def requests_of_users(pkgs, out):
+    """The `tasks` kind (tasks.py, its own seed), from the prose already written here, the
+    nlp-corpus sentences that read like reviews, and codeio programs neither of the code
+    kind's slices uses."""
+    prose_dir = out / "prose"
+    texts = [p.read_text(encoding="utf-8") for kind in ("sotu", "moby-dick", "mail", "brown")
+             for p in sorted((prose_dir / kind).glob("*.txt"))]
+    with open(prose_dir / "sentences.jsonl", encoding="utf-8") as f:
+        reviews = [s for s in (json.loads(l)["text"] for l in f) if REVIEWS.search(s)]
+    topics = [t.strip() for t in TOPICS.split(";") if t.strip()]
+    prompts = tasks.tasks(topics, texts, reviews, codeio(pkgs)[900:1500])
+    tasks.write(out / "tasks/requests.jsonl", prompts)
 
 
 def fnv1a(text):
@@ -303,6 +330,7 @@ def main():
     requests(out, rng, questions)
     math_problems(pkgs, out, rng)
     code(pkgs, out, rng)
+    requests_of_users(pkgs, out)
     docs(out, rng)
     for kind in sorted(p for p in out.iterdir()):
         files = [f for f in kind.rglob("*") if f.is_file()]
