@@ -1,11 +1,10 @@
 //! A sampled round's target rows served where the logits are (a GPU) instead of copied to
 //! the host: at temperature alone (no top-k, no top-p) the token-wise and seeded rules need
 //! of a row only a drafted token's probability and a draw, from the row or from the
-//! residual after a rejection. The round's rows are reduced together on their device to
-//! the weights `e^{(x − max)/T}` in chunks of [`CHUNK`] and the chunks' sums, copied back
-//! in one go with each row's drafted-token weight; the host walks the 256 sums of a
-//! 262,144-token row to the chunk a draw lands in and copies that chunk alone (4 KB
-//! against the row's megabyte). A draw is the one [`SparseDist::draw`] makes of the
+//! residual after a rejection. Each row is reduced on its device to the weights
+//! `e^{(x − max)/T}` in chunks of [`CHUNK`] and the chunks' sums; the host walks the 256
+//! sums of a 262,144-token row to the chunk a draw lands in and copies that chunk alone
+//! (4 KB against the row's megabyte). A draw is the one [`SparseDist::draw`] makes of the
 //! host's distribution with the same uniform (cumulative probability in id order), up to
 //! float rounding: the two differ only where the uniform lies within rounding of a boundary
 //! between two tokens, so the output is distributed exactly as the target's either way.
@@ -39,44 +38,34 @@ pub struct Draw {
     pub u: f64,
 }
 
-/// The rows of a `[rows, vocab]` f32 logits tensor at one temperature, all reduced together
-/// when a rule first reaches one: one copy brings every row's chunk sums and the weight of
-/// each row's drafted token (what the token-wise rule reads of each row it reaches), where
-/// reducing and reading the rows one at a time waited on the device twice a row. Errors of
-/// the device are kept ([`DeviceRows::finish`]); until then the rule sees token 0 and
-/// probability 0.
+/// The rows of a `[rows, vocab]` f32 logits tensor at one temperature, each reduced when a
+/// rule first reaches it. Errors of the device are kept ([`DeviceRows::finish`]); until
+/// then the rule sees token 0 and probability 0.
 pub(crate) struct DeviceRows<'a> {
     logits: &'a Tensor,
     scale: f64,
-    /// The draft: row `i`'s probability of `drafted[i]` is what the rule reads first.
-    drafted: &'a [u32],
-    reduced: Option<Block>,
+    current: Option<Row>,
     failed: Option<candle_core::Error>,
 }
 
-/// The rows reduced.
-struct Block {
+/// One reduced row.
+struct Row {
+    index: usize,
     vocab: usize,
-    /// `[rows, chunks, CHUNK]`, zero past the vocabulary.
+    /// `[chunks, CHUNK]`, zero past the vocabulary.
     weights: Tensor,
-    /// Per row, each chunk's sum of weights.
-    sums: Vec<Vec<f64>>,
-    /// Per row, the sum of its weights.
-    totals: Vec<f64>,
-    /// Per row, the weight of its drafted token (None past the drafted ones or the
-    /// vocabulary).
-    drafted: Vec<Option<(u32, f64)>>,
+    /// Each chunk's sum of weights.
+    sums: Vec<f64>,
+    total: f64,
 }
 
 impl<'a> DeviceRows<'a> {
-    /// The rows of `logits` sampled at `temperature` (> 0); `drafted[i]` is the token the
-    /// rule will ask row `i` the probability of (the draft's `i`-th), read with the sums.
-    pub(crate) fn new(logits: &'a Tensor, temperature: f32, drafted: &'a [u32]) -> Self {
+    /// The rows of `logits` sampled at `temperature` (> 0).
+    pub(crate) fn new(logits: &'a Tensor, temperature: f32) -> Self {
         Self {
             logits,
             scale: scale(temperature),
-            drafted,
-            reduced: None,
+            current: None,
             failed: None,
         }
     }
@@ -86,35 +75,27 @@ impl<'a> DeviceRows<'a> {
         self.failed.map_or(Ok(()), Err)
     }
 
-    fn block(&mut self) -> candle_core::Result<&Block> {
-        if self.reduced.is_none() {
-            let rows = self.logits.dim(0)?;
-            let reduced = Reduced::new(self.logits, &vec![self.scale; rows])?;
-            self.reduced = Some(reduced.with_drafted(self.drafted)?);
+    fn row(&mut self, index: usize) -> candle_core::Result<&Row> {
+        if self.current.as_ref().map(|r| r.index) != Some(index) {
+            self.current = Some(reduce(self.logits, index, self.scale)?);
         }
-        Ok(self.reduced.as_ref().expect("just reduced"))
+        Ok(self.current.as_ref().expect("just reduced"))
     }
 
     fn try_prob(&mut self, row: usize, id: u32) -> candle_core::Result<f64> {
-        let b = self.block()?;
-        if id as usize >= b.vocab {
+        let r = self.row(row)?;
+        if id as usize >= r.vocab {
             return Ok(0.0);
         }
-        let w = match b.drafted.get(row).copied().flatten() {
-            Some((drafted, w)) if drafted == id => w,
-            _ => {
-                let (chunk, at) = (id as usize / CHUNK, id as usize % CHUNK);
-                let w = b.weights.get(row)?.get(chunk)?.get(at)?;
-                w.to_scalar::<f32>()? as f64
-            }
-        };
-        Ok(w / b.totals[row])
+        let (chunk, at) = (id as usize / CHUNK, id as usize % CHUNK);
+        let w = r.weights.get(chunk)?.get(at)?.to_scalar::<f32>()?;
+        Ok(w as f64 / r.total)
     }
 
     fn try_draw(&mut self, row: usize, u: f64) -> candle_core::Result<u32> {
-        let b = self.block()?;
-        let target = u * b.totals[row];
-        b.land(row, chunk_at(&b.sums[row], target), target, |_, w| w)
+        let r = self.row(row)?;
+        let target = u * r.total;
+        r.land(chunk_at(&r.sums, target), target, |_, w| w)
     }
 
     fn try_draw_residual(
@@ -123,22 +104,24 @@ impl<'a> DeviceRows<'a> {
         q: &SparseDist,
         u: f64,
     ) -> candle_core::Result<u32> {
-        let b = self.block()?;
+        let r = self.row(row)?;
         let listed: Vec<(u32, f64)> = (q.ids.iter().zip(&q.probs))
-            .filter(|(id, _)| (**id as usize) < b.vocab)
+            .filter(|(id, _)| (**id as usize) < r.vocab)
             .map(|(id, p)| (*id, *p as f64))
             .collect();
         if listed.is_empty() {
             return self.try_draw(row, u);
         }
         let ids: Vec<u32> = listed.iter().map(|(id, _)| *id).collect();
-        let wanted = Tensor::from_vec(ids, listed.len(), b.weights.device())?;
-        let p_at = (b.weights.get(row)?.flatten_all()?)
+        let wanted = Tensor::from_vec(ids, listed.len(), r.weights.device())?;
+        let p_at = r
+            .weights
+            .flatten_all()?
             .index_select(&wanted, 0)?
             .to_vec1::<f32>()?;
         // Each chunk's residual mass: its share of p less min(p, q) over q's ids in it.
-        let total = b.totals[row];
-        let mut masses: Vec<f64> = b.sums[row].iter().map(|s| s / total).collect();
+        let total = r.total;
+        let mut masses: Vec<f64> = r.sums.iter().map(|s| s / total).collect();
         for ((id, q), w) in listed.iter().zip(&p_at) {
             masses[*id as usize / CHUNK] -= (*w as f64 / total).min(*q);
         }
@@ -153,7 +136,7 @@ impl<'a> DeviceRows<'a> {
             .into_iter()
             .filter(|(id, _)| *id as usize / CHUNK == at.0)
             .collect();
-        b.land(row, at, target, |id, w| {
+        r.land(at, target, |id, w| {
             (w / total - q_in.get(&id).copied().unwrap_or(0.0)).max(0.0)
         })
     }
@@ -190,18 +173,16 @@ pub(crate) fn reduces_on_device(logits: &Tensor, params: &tandem_core::SamplingP
     !matches!(logits.device(), Device::Cpu) && params.temperature_alone()
 }
 
-impl Block {
-    /// The token a walk to `target` lands on within row `row`'s `chunk` (from
-    /// [`chunk_at`]: its index and the mass before it), each of the chunk's tokens
-    /// weighing `mass(id, weight)`.
+impl Row {
+    /// The token a walk to `target` lands on within `chunk` (from [`chunk_at`]: its index
+    /// and the mass before it), each of the chunk's tokens weighing `mass(id, weight)`.
     fn land(
         &self,
-        row: usize,
         (chunk, before): (usize, f64),
         target: f64,
         mass: impl Fn(u32, f64) -> f64,
     ) -> candle_core::Result<u32> {
-        let within = self.weights.get(row)?.get(chunk)?.to_vec1::<f32>()?;
+        let within = self.weights.get(chunk)?.to_vec1::<f32>()?;
         Ok(land(chunk, &within, before, target, mass))
     }
 }
@@ -233,8 +214,7 @@ pub(crate) fn draw_last_rows(draws: &[(&Tensor, Draw)]) -> candle_core::Result<V
         .collect::<candle_core::Result<Vec<_>>>()?;
     let scales: Vec<f64> = draws.iter().map(|(_, d)| scale(d.temperature)).collect();
     let reduced = Reduced::new(&Tensor::cat(&rows, 0)?, &scales)?;
-    let sums = reduced.sums()?;
-    let landings: Vec<((usize, f64), f64)> = (draws.iter().zip(&sums))
+    let landings: Vec<((usize, f64), f64)> = (draws.iter().zip(&reduced.sums))
         .map(|((_, d), sums)| {
             let target = d.u * sums.iter().sum::<f64>();
             (chunk_at(sums, target), target)
@@ -254,11 +234,10 @@ fn scale(temperature: f32) -> f64 {
 /// Rows of logits reduced at their scales (`1/T`): the weights `e^{(x − max)·scale}` in
 /// chunks of [`CHUNK`] (zero past the vocabulary) and each chunk's sum, copied.
 struct Reduced {
-    vocab: usize,
     /// `[rows, chunks, CHUNK]`.
     weights: Tensor,
-    /// `[rows, chunks]`, on the device.
-    sums: Tensor,
+    /// Per row, each chunk's sum.
+    sums: Vec<Vec<f64>>,
 }
 
 impl Reduced {
@@ -266,7 +245,7 @@ impl Reduced {
     fn new(x: &Tensor, scales: &[f64]) -> candle_core::Result<Self> {
         let (rows, vocab) = x.dims2()?;
         let shifted = x.broadcast_sub(&x.max_keepdim(1)?)?;
-        // One temperature (a generation's rows, most steps) scales without a tensor of
+        // One temperature (a generation's row, most steps) scales without a tensor of
         // scales to upload; either way each weight is `x·scale` in f32.
         let scaled = match scales {
             [one, rest @ ..] if rest.iter().all(|s| s == one) => shifted.affine(*one, 0.0)?,
@@ -280,53 +259,10 @@ impl Reduced {
         let weights = w
             .pad_with_zeros(1, 0, chunks * CHUNK - vocab)?
             .reshape((rows, chunks, CHUNK))?;
-        let sums = weights.sum(2)?;
-        Ok(Self {
-            vocab,
-            weights,
-            sums,
-        })
-    }
-
-    /// Each row's chunk sums, copied.
-    fn sums(&self) -> candle_core::Result<Vec<Vec<f64>>> {
-        Ok(self
-            .sums
-            .to_vec2::<f32>()?
-            .iter()
-            .map(|r| widened(r))
-            .collect())
-    }
-
-    /// The rows with their sums and the weight of `drafted[i]` in row `i`, in one copy.
-    fn with_drafted(self, drafted: &[u32]) -> candle_core::Result<Block> {
-        let (rows, chunks, _) = self.weights.dims3()?;
-        let picks: Vec<(usize, u32)> = (drafted.iter().take(rows).enumerate())
-            .filter(|(_, id)| (**id as usize) < self.vocab)
-            .map(|(row, id)| (row, *id))
+        let sums = (weights.sum(2)?.to_vec2::<f32>()?.into_iter())
+            .map(|row| row.into_iter().map(f64::from).collect())
             .collect();
-        let at: Vec<u32> = (picks.iter())
-            .map(|(row, id)| (row * chunks * CHUNK) as u32 + id)
-            .collect();
-        let mut parts = vec![self.sums.flatten_all()?];
-        if !at.is_empty() {
-            let at = Tensor::from_vec(at, picks.len(), self.weights.device())?;
-            parts.push(self.weights.flatten_all()?.index_select(&at, 0)?);
-        }
-        let copied = Tensor::cat(&parts, 0)?.to_vec1::<f32>()?;
-        let (sums, picked) = copied.split_at(rows * chunks);
-        let sums: Vec<Vec<f64>> = sums.chunks_exact(chunks).map(widened).collect();
-        let mut weights_of = vec![None; rows];
-        for ((row, id), w) in picks.iter().zip(picked) {
-            weights_of[*row] = Some((*id, f64::from(*w)));
-        }
-        Ok(Block {
-            vocab: self.vocab,
-            totals: sums.iter().map(|row| row.iter().sum()).collect(),
-            sums,
-            drafted: weights_of,
-            weights: self.weights,
-        })
+        Ok(Self { weights, sums })
     }
 
     /// Chunk `at[i]` of each row `i`, copied.
@@ -343,15 +279,23 @@ impl Reduced {
     }
 }
 
-/// A row of chunk sums copied from the device, in f64 (what walks add up in).
-fn widened(row: &[f32]) -> Vec<f64> {
-    row.iter().copied().map(f64::from).collect()
-}
-
 /// The chunk a walk to `target` over the chunks' masses falls in, and the mass before it.
 fn chunk_at(chunks: &[f64], target: f64) -> (usize, f64) {
     let chunk = walk(chunks.iter().copied(), target);
     (chunk, chunks[..chunk].iter().sum())
+}
+
+/// Row `index` of `logits` reduced at `scale` = 1/T.
+fn reduce(logits: &Tensor, index: usize, scale: f64) -> candle_core::Result<Row> {
+    let Reduced { weights, mut sums } = Reduced::new(&logits.narrow(0, index, 1)?, &[scale])?;
+    let sums = sums.pop().expect("one row");
+    Ok(Row {
+        index,
+        vocab: logits.dim(1)?,
+        weights: weights.get(0)?,
+        total: sums.iter().sum(),
+        sums,
+    })
 }
 
 /// Where a walk over masses stops: the index whose cumulative mass first passes `target`,

@@ -90,7 +90,7 @@ fn accept_reduced(
     sampler: &mut Sampler,
     first: usize,
 ) -> Result<Option<Verdict>> {
-    let mut rows = DeviceRows::new(logits, sampler.params().temperature, &draft.tokens);
+    let mut rows = DeviceRows::new(logits, sampler.params().temperature);
     let verdict =
         verification.accept_in_order(&draft.tokens, &draft.dists, &mut rows, sampler, first);
     rows.finish()?;
