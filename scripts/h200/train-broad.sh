@@ -38,12 +38,13 @@ GROW="${GROW_LAYERS:+--grow-layers $GROW_LAYERS} ${GROW_FF_MULT:+--grow-ff-mult 
 # REBUILD_VOCAB=0 keeps the starting drafter's draft vocabulary; TRAIN_ONLY=bb.2.,bb.3.
 # steps only those parameters (a grown drafter's new layers), the rest stay as they start.
 # CORPUS_WEIGHTS="docs=4 prose=0.5" takes that many times the prompts per file from those
-# folders of the corpus; LR sets the peak learning rate (1.5e-3).
+# folders of the corpus; LR sets the peak learning rate (1.5e-3); PROMPT_TOKENS the prompt
+# length (64; a longer one keeps whole requests that carry a passage).
 REVOCAB=$([ "${REBUILD_VOCAB:-1}" = 1 ] && echo --rebuild-vocab || true)
 WEIGHTS=$(for w in ${CORPUS_WEIGHTS:-}; do printf -- "--corpus-weight %s/corpus/train/%s " "$W" "$w"; done)
 
 data_flags() {
-  echo --corpus "$W/corpus/train" --prompt-tokens 64 --continuation-tokens 64 \
+  echo --corpus "$W/corpus/train" --prompt-tokens "${PROMPT_TOKENS:-64}" --continuation-tokens 64 \
     --train-prompts "${PROMPTS:-24000}" --held-out-prompts 64 --held-out-percent 5 \
     --keep 64 --temperatures 0,0.7,1 --teacher-batch 512 --samples-cache "$W/cache" \
     --pregenerate --vocab-samples 4096 --seed 4 \
