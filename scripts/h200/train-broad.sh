@@ -23,6 +23,10 @@
 #                               are made again, from the same seed)
 #   train-broad.sh wait SECS    wait up to SECS while the runs go on; print their logs' ends
 #                               (and, once they have ended, collect)
+#                               A lent machine is given back once no call has run on it for
+#                               its idle time (30 s), background runs and all: start in the
+#                               same call as a wait (`start && wait $((570 - SECONDS))`) and
+#                               follow with wait calls until the runs end
 #   train-broad.sh collect      copy the drafters and logs to $OUT
 #   train-broad.sh pack         stop the runs; run A's last checkpoint (drafter, optimizer
 #                               moments, step) as /tmp/w/state/state.tar.partNN of 15 MiB
