@@ -62,7 +62,7 @@ def constraint(rng):
         w2=rng.choice(WORDS), a=rng.choice(AUDIENCES), tone=rng.choice(TONES))
 
 
-def writing(rng, topic):
+def writing(rng, topic, topics):
     form, tone = rng.choice(FORMS), rng.choice(TONES)
     asks = [
         f"Write a {tone} {form} about {topic} for {rng.choice(AUDIENCES)}.",
@@ -77,7 +77,7 @@ def writing(rng, topic):
     return rng.choice(asks)
 
 
-def roleplay(rng, topic):
+def roleplay(rng, topic, topics):
     role = rng.choice(ROLES)
     asks = [
         f"Pretend you are {role}. Someone asks you about {topic}. What do you say?",
@@ -90,11 +90,11 @@ def roleplay(rng, topic):
     return rng.choice(asks)
 
 
-def knowledge(rng, topic):
+def knowledge(rng, topic, topics):
     asks = [
         f"Explain {topic} to {rng.choice(AUDIENCES)}. Then give one everyday example.",
         f"What are the main causes and effects of {topic}? Answer in two parts.",
-        f"Compare {topic} and {rng.choice(TOPIC_POOL)}. How are they alike, and how do they differ?",
+        f"Compare {topic} and {rng.choice(topics)}. How are they alike, and how do they differ?",
         f"Give a short overview of {topic}: where it comes from, why it matters, and one common misconception.",
         f"What would happen if {topic} suddenly disappeared? Think through the consequences step by step.",
         f"List five questions a curious student might ask about {topic}, and answer each in one or two sentences.",
@@ -104,7 +104,7 @@ def knowledge(rng, topic):
     return rng.choice(asks)
 
 
-def planning(rng, topic):
+def planning(rng, topic, topics):
     place, days = rng.choice(PLACES), rng.randint(2, 7)
     asks = [
         f"Plan a {days}-day trip to {place} for a family with two children. Include one activity related to {topic}.",
@@ -209,13 +209,10 @@ def passages(texts, rng, want):
     return out
 
 
-TOPIC_POOL = []
-
 
 def tasks(topics, prose_texts, reviews, code_items, count=12000):
     """`count` requests as chat prompts, in a seeded shuffle."""
     rng = random.Random(SEED)
-    TOPIC_POOL[:] = topics
     texts = passages(prose_texts, rng, count // 4)
     kinds = [(writing, 18), (roleplay, 10), (knowledge, 16), (planning, 8), ("passage", 24),
              ("code", 16), ("puzzle", 8)]
@@ -230,7 +227,7 @@ def tasks(topics, prose_texts, reviews, code_items, count=12000):
         elif kind == "puzzle":
             ask = puzzle(rng)
         else:
-            ask = kind(rng, rng.choice(topics))
+            ask = kind(rng, rng.choice(topics), topics)
         out.append(present(rng, ask))
     return out
 
