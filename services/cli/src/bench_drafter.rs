@@ -1,6 +1,7 @@
 //! `tandem bench drafter`: how many sessions one drafter service sustains. At each
 //! concurrency N, N gRPC sessions on loopback (real `Draft` streams, as verifiers open
-//! them) each send a context of real target snapshot rows and take a first block, then,
+//! them) each send a context of real target snapshot rows (in messages under the drafter's
+//! limit, as a verifier chunks a long one) and take a first block, then,
 //! all starting together, repeat rounds as a verifier does: send the rows of the positions
 //! the last round committed, ask for a block of γ, wait for it.
 //! Reported per concurrency: blocks per second of the whole drafter, the wait for a block
@@ -19,7 +20,7 @@ use pb::draft_request::Msg;
 use serde::Serialize;
 use tandem_core::{SamplingParams, SnapshotRows, SnapshotSpec};
 use tandem_gemma::LogitsMode;
-use tandem_proto::codec::{rows_to_pb, sampling_to_pb};
+use tandem_proto::codec::{chunk_rows, rows_to_pb, sampling_to_pb};
 use tandem_proto::spec::{spec_from_info, spec_to_pb};
 use tandem_proto::v1 as pb;
 use tokio::sync::{mpsc, Barrier};
@@ -98,7 +99,13 @@ struct Workload {
     rows: Vec<f32>,
     spec: SnapshotSpec,
     target: pb::TargetIdentity,
+    /// Most row bytes one message may carry under the drafter's message limit: a long
+    /// context goes in several, as a verifier sends it.
+    max_data_bytes: usize,
 }
+
+/// Room kept in a message for what is not row data (tokens, shape, framing).
+const MESSAGE_MARGIN: usize = 64 << 10;
 
 /// `tandem bench drafter`.
 pub fn run(a: DrafterBenchArgs) -> Result<()> {
@@ -171,6 +178,10 @@ async fn prepare(a: &DrafterBenchArgs, url: &str) -> Result<Arc<Workload>> {
         bail!("γ {} exceeds the drafter's {}", a.gamma, info.max_gamma);
     }
     let target = info.target.context("the drafter names no target")?;
+    let limit = match info.max_message_bytes {
+        0 => 4 << 20,
+        n => n as usize,
+    };
     let (models, taps) = (a.models.clone(), spec.clone());
     let need = a.context + (a.rounds + 1) * ROUND_ROWS;
     let (tokens, rows) = tokio::task::spawn_blocking(move || -> Result<_> {
@@ -189,6 +200,7 @@ async fn prepare(a: &DrafterBenchArgs, url: &str) -> Result<Arc<Workload>> {
         rows,
         spec,
         target,
+        max_data_bytes: limit.saturating_sub(MESSAGE_MARGIN),
     }))
 }
 
@@ -284,7 +296,7 @@ async fn session(plan: Plan) -> Result<SessionRun> {
             data: work.rows[start * width..end * width].to_vec(),
             tokens: work.tokens[start..end].to_vec(),
         };
-        send(Msg::Rows(rows_to_pb(&rows, pb::Dtype::F32)))
+        rows_to_pb(&rows, pb::Dtype::F32)
     };
     let propose = |pos: usize| {
         send(Msg::Propose(pb::Propose {
@@ -293,7 +305,9 @@ async fn session(plan: Plan) -> Result<SessionRun> {
             gamma: gamma as u32,
         }))
     };
-    tx.send(rows(0, context)).await?;
+    for chunk in chunk_rows(&rows(0, context), work.max_data_bytes) {
+        tx.send(send(Msg::Rows(chunk))).await?;
+    }
     tx.send(propose(context)).await?;
     block(&mut stream).await?;
     start.wait().await;
@@ -301,7 +315,8 @@ async fn session(plan: Plan) -> Result<SessionRun> {
     let mut waits = Vec::with_capacity(rounds);
     let mut pos = context;
     for _ in 0..rounds {
-        tx.send(rows(pos, pos + ROUND_ROWS)).await?;
+        tx.send(send(Msg::Rows(rows(pos, pos + ROUND_ROWS))))
+            .await?;
         pos += ROUND_ROWS;
         let t = Instant::now();
         tx.send(propose(pos)).await?;

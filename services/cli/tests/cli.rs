@@ -74,7 +74,11 @@ fn speculative_generation_reports_acceptance_beside_plain() {
 /// Runs `tandem bench <kind> <args> --json F`, which must succeed, and returns the JSON
 /// report it wrote and its stdout.
 fn bench_json(kind: &str, args: &[&str]) -> (serde_json::Value, String) {
-    let json = std::env::temp_dir().join(format!("tandem-{kind}-{}.json", std::process::id()));
+    // One file per call: tests of one binary run at once, some of the same bench.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("tandem-{kind}-{}-{call}.json", std::process::id());
+    let json = std::env::temp_dir().join(name);
     let mut all = vec!["bench", kind];
     all.extend_from_slice(args);
     all.extend_from_slice(&["--json", json.to_str().expect("utf-8")]);
@@ -165,6 +169,30 @@ fn bench_drafter_reports_each_mode_and_concurrency() {
     assert!(at("batched") > 1.0, "{report}");
     assert_eq!(at("alone"), 1.0, "{report}");
     assert!(text.contains("blocks/s"), "{text}");
+}
+
+/// A context whose snapshot rows exceed the drafter's 4 MiB message limit (600 rows of four
+/// 640-wide taps, ~6 MB) reaches it in several messages, as a verifier sends it, and is
+/// answered.
+#[test]
+fn bench_drafter_sends_a_long_context_in_several_messages() {
+    let args = [
+        "--sessions",
+        "1",
+        "--rounds",
+        "2",
+        "--context",
+        "600",
+        "--modes",
+        "alone",
+    ];
+    let (report, text) = bench_json("drafter", &args);
+    let points = report["points"].as_array().expect("points");
+    assert_eq!(points.len(), 1, "{text}");
+    assert!(
+        points[0]["blocks_per_s"].as_f64().expect("blocks/s") > 0.0,
+        "{text}"
+    );
 }
 
 /// A short soak (the CI one; `docs/performance` has the long one): four sessions for 20
