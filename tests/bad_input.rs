@@ -211,6 +211,16 @@ async fn the_drafter_refuses_bad_streams_and_goes_on() {
         architecture: "gemma3".into(),
         embedding_hash: "0".repeat(64),
     };
+    // Over the drafter's 4 MiB message limit: refused with the reason, not a silent close.
+    let huge = rows_to_pb(
+        &SnapshotRows {
+            start: 0,
+            width: spec.row_width(),
+            data: vec![0.5; ((4 << 20) / (2 * spec.row_width()) + 16) * spec.row_width()],
+            tokens: Vec::new(),
+        },
+        pb::Dtype::Bf16,
+    );
     let t = pb::TargetIdentity::from(target());
     drafter_refuses(
         &d.url,
@@ -233,6 +243,7 @@ async fn the_drafter_refuses_bad_streams_and_goes_on() {
         (no_dtype, "dtype"),
         (flat, "shape"),
         (wide, "wide"),
+        (huge, "message limit"),
     ] {
         drafter_refuses(
             &d.url,
@@ -267,7 +278,7 @@ async fn the_drafter_refuses_bad_streams_and_goes_on() {
         other => panic!("expected a block, got {other:?}"),
     }
     let m = scrape(d.metrics).await;
-    assert!(total(&m, "tandem_drafter_errors_total") >= 7.0);
+    assert!(total(&m, "tandem_drafter_errors_total") >= 8.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -18,7 +18,7 @@ use tandem_serving::Drain;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status, Streaming};
 
 use crate::error::DrafterError;
 use crate::metrics::DrafterMetrics;
@@ -179,11 +179,15 @@ struct Link {
 
 impl Link {
     /// The next message; `None` when the verifier closed or dropped the stream, an error
-    /// when it sent nothing for the idle timeout.
+    /// when it sent nothing for the idle timeout or a message over the size limit (which
+    /// tonic refuses to decode: the verifier is told why instead of seeing the stream end).
     fn next(&mut self) -> Result<Option<Msg>, DrafterError> {
         let next = tokio::time::timeout(self.idle, self.inbound.message());
         match self.handle.block_on(next) {
             Ok(Ok(Some(m))) => Ok(Some(m.msg.unwrap_or(Msg::Close(pb::Close {})))),
+            Ok(Err(status)) if status.code() == Code::OutOfRange => Err(DrafterError::Invalid(
+                format!("over the drafter's message limit: {}", status.message()),
+            )),
             Ok(Ok(None) | Err(_)) => Ok(None),
             Err(_) => Err(DrafterError::Idle(self.idle)),
         }
