@@ -20,7 +20,7 @@ use pb::draft_request::Msg;
 use serde::Serialize;
 use tandem_core::{SamplingParams, SnapshotRows, SnapshotSpec};
 use tandem_gemma::LogitsMode;
-use tandem_proto::codec::{chunk_rows, rows_to_pb, sampling_to_pb};
+use tandem_proto::codec::{chunk_rows, message_limit, rows_to_pb, sampling_to_pb};
 use tandem_proto::spec::{spec_from_info, spec_to_pb};
 use tandem_proto::v1 as pb;
 use tokio::sync::{mpsc, Barrier};
@@ -177,11 +177,8 @@ async fn prepare(a: &DrafterBenchArgs, url: &str) -> Result<Arc<Workload>> {
     if a.gamma > info.max_gamma as usize {
         bail!("γ {} exceeds the drafter's {}", a.gamma, info.max_gamma);
     }
+    let limit = message_limit(&info);
     let target = info.target.context("the drafter names no target")?;
-    let limit = match info.max_message_bytes {
-        0 => 4 << 20,
-        n => n as usize,
-    };
     let (models, taps) = (a.models.clone(), spec.clone());
     let need = a.context + (a.rounds + 1) * ROUND_ROWS;
     let (tokens, rows) = tokio::task::spawn_blocking(move || -> Result<_> {

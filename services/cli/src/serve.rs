@@ -13,6 +13,7 @@ use clap::Args;
 use tandem_core::Verification;
 use tandem_drafter::{Drafter, DrafterConfig};
 use tandem_engine::BatchLimits;
+use tandem_proto::codec::DEFAULT_MAX_MESSAGE_BYTES;
 use tandem_serving::{
     ClientTls, ClientTlsFiles, KeyPair, Listeners, Security, Serve, ServerTlsFiles, Tokens,
 };
@@ -51,7 +52,7 @@ pub struct DrafterOptions {
     max_sessions: usize,
     /// Largest request message accepted, in bytes (verifiers send context rows in chunks
     /// below it).
-    #[arg(long, env = "TANDEM_MAX_MESSAGE_BYTES", default_value_t = 4 << 20)]
+    #[arg(long, env = "TANDEM_MAX_MESSAGE_BYTES", default_value_t = DEFAULT_MAX_MESSAGE_BYTES)]
     max_message_bytes: usize,
     /// Seconds a session may go without a message from its verifier before it is closed.
     #[arg(long, env = "TANDEM_IDLE_TIMEOUT_SECONDS", default_value_t = 600)]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use pb::draft_request::Msg;
 use tandem_core::{ProposeRequest, Proposer, ProposerSession, SnapshotSpec, TargetIdentity};
-use tandem_proto::codec::{block_to_pb, rows_from_pb, sampling_from_pb};
+use tandem_proto::codec::{block_to_pb, rows_from_pb, sampling_from_pb, DEFAULT_MAX_MESSAGE_BYTES};
 use tandem_proto::spec::{spec_from_pb, spec_to_pb};
 use tandem_proto::v1 as pb;
 use tandem_serving::Drain;
@@ -49,7 +49,7 @@ impl DrafterConfig {
             target,
             kind: kind.to_string(),
             max_sessions: 64,
-            max_message_bytes: 4 << 20,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             idle_timeout: Duration::from_secs(600),
             drain_grace: Duration::from_secs(30),
         }

@@ -18,6 +18,7 @@ use pb::drafter_client::DrafterClient;
 use tandem_core::{
     ProposeError, Proposer, ProposerSession, SamplingParams, SnapshotSpec, SnapshotSupport,
 };
+use tandem_proto::codec::message_limit;
 use tandem_proto::spec::spec_from_info;
 use tandem_proto::v1 as pb;
 use tandem_serving::{ClientTls, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
@@ -34,8 +35,6 @@ const INFO_TIMEOUT: Duration = Duration::from_secs(3);
 /// Drafters tried when a session opens or moves, before giving up on speculation for a
 /// generation.
 const OPEN_ATTEMPTS: usize = 2;
-/// What a drafter that declares no message limit accepts (gRPC's default).
-const DEFAULT_MESSAGE_LIMIT: usize = 4 << 20;
 
 /// Where drafters are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -333,10 +332,7 @@ impl DrafterPool {
                 return Ok(None);
             }
         };
-        let max_message_bytes = match info.max_message_bytes {
-            0 => DEFAULT_MESSAGE_LIMIT,
-            n => n as usize,
-        };
+        let max_message_bytes = message_limit(&info);
         match self.compatible(&info) {
             Ok(()) => Ok(Some(Arc::new(Member {
                 url: url.to_string(),

@@ -193,6 +193,18 @@ pub fn rows_to_pb(rows: &SnapshotRows, dtype: pb::Dtype) -> pb::ContextRows {
     }
 }
 
+/// What a drafter accepts in one request message unless configured otherwise, and what a
+/// verifier assumes of a drafter whose Info declares no limit (gRPC's default).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 << 20;
+
+/// The largest request message the drafter of `info` accepts.
+pub fn message_limit(info: &pb::DrafterInfo) -> usize {
+    match info.max_message_bytes {
+        0 => DEFAULT_MAX_MESSAGE_BYTES,
+        n => n as usize,
+    }
+}
+
 /// `msg`'s rows in consecutive messages whose data stay within `max_data_bytes` (at least
 /// one row each, however wide), for peers that refuse large messages. `msg` must be what
 /// [`rows_to_pb`] made.
