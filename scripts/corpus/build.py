@@ -273,7 +273,7 @@ def requests_of_users(pkgs, out):
         reviews = [s for s in (json.loads(l)["text"] for l in f) if REVIEWS.search(s)]
     topics = [t.strip() for t in TOPICS.split(";") if t.strip()]
     prompts = tasks.tasks(topics, texts, reviews, codeio(pkgs)[900:1500])
-    tasks.write(out / "tasks/requests.jsonl", prompts)
+    write_jsonl(out / "tasks/requests.jsonl", prompts)
 
 
 def fnv1a(text):

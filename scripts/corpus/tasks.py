@@ -10,7 +10,6 @@ corpus, nlp-corpus sentences, reasoning-gym codeio programs). No evaluation sour
 (MT-Bench, IFBench, HumanEval, gsm_symbolic templates 80-99, speeches from 2001 on) is read.
 """
 
-import json
 import random
 import re
 
@@ -62,7 +61,7 @@ def constraint(rng):
         w2=rng.choice(WORDS), a=rng.choice(AUDIENCES), tone=rng.choice(TONES))
 
 
-def writing(rng, topic, topics):
+def writing(rng, topic):
     form, tone = rng.choice(FORMS), rng.choice(TONES)
     asks = [
         f"Write a {tone} {form} about {topic} for {rng.choice(AUDIENCES)}.",
@@ -77,7 +76,7 @@ def writing(rng, topic, topics):
     return rng.choice(asks)
 
 
-def roleplay(rng, topic, topics):
+def roleplay(rng, topic):
     role = rng.choice(ROLES)
     asks = [
         f"Pretend you are {role}. Someone asks you about {topic}. What do you say?",
@@ -104,7 +103,7 @@ def knowledge(rng, topic, topics):
     return rng.choice(asks)
 
 
-def planning(rng, topic, topics):
+def planning(rng, topic):
     place, days = rng.choice(PLACES), rng.randint(2, 7)
     asks = [
         f"Plan a {days}-day trip to {place} for a family with two children. Include one activity related to {topic}.",
@@ -209,31 +208,26 @@ def passages(texts, rng, want):
     return out
 
 
-
 def tasks(topics, prose_texts, reviews, code_items, count=12000):
     """`count` requests as chat prompts, in a seeded shuffle."""
     rng = random.Random(SEED)
     texts = passages(prose_texts, rng, count // 4)
-    kinds = [(writing, 18), (roleplay, 10), (knowledge, 16), (planning, 8), ("passage", 24),
-             ("code", 16), ("puzzle", 8)]
-    out = []
-    for i in range(count):
-        kind = rng.choices([k for k, _ in kinds], [w for _, w in kinds])[0]
-        if kind == "passage":
-            review = rng.choice(reviews) if rng.random() < 0.15 else None
-            ask = on_passage(rng, rng.choice(texts), review)
-        elif kind == "code":
-            ask = coding(rng, rng.choice(code_items))
-        elif kind == "puzzle":
-            ask = puzzle(rng)
-        else:
-            ask = kind(rng, rng.choice(topics), topics)
-        out.append(present(rng, ask))
-    return out
 
+    def about(write):
+        return lambda: write(rng, rng.choice(topics))
 
-def write(path, prompts):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for t in prompts:
-            f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
+    def passage():
+        review = rng.choice(reviews) if rng.random() < 0.15 else None
+        return on_passage(rng, rng.choice(texts), review)
+
+    kinds = [
+        (about(writing), 18),
+        (about(roleplay), 10),
+        (lambda: knowledge(rng, rng.choice(topics), topics), 16),
+        (about(planning), 8),
+        (passage, 24),
+        (lambda: coding(rng, rng.choice(code_items)), 16),
+        (lambda: puzzle(rng), 8),
+    ]
+    makers, weights = [k for k, _ in kinds], [w for _, w in kinds]
+    return [present(rng, rng.choices(makers, weights)[0]()) for _ in range(count)]
