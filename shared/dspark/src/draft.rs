@@ -110,7 +110,7 @@ impl Drafter {
                 .frozen
                 .layers
                 .iter()
-                .map(|_| KeyValues::default())
+                .map(|_| KeyValues::new(self.frozen.heads.width()))
                 .collect(),
             len: 0,
         }
@@ -127,9 +127,7 @@ impl Drafter {
         let f = &self.frozen;
         let h_ctx = rms_norm(&f.w_c.apply(rows, n)?, &f.ctx_norm, self.eps);
         for (layer, kv) in f.layers.iter().zip(&mut cache.layers) {
-            let new = layer.context_kv(&h_ctx, n, self.eps)?;
-            kv.k.extend_from_slice(&new.k);
-            kv.v.extend_from_slice(&new.v);
+            layer.extend_context(&h_ctx, n, self.eps, kv)?;
         }
         cache.len += n;
         Ok(())

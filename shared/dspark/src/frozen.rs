@@ -9,7 +9,9 @@
 
 use candle_core::Var;
 use rayon::prelude::*;
-use tandem_kernels::{dot, gelu_tanh_mul, rms_norm, QMatrix, QType};
+use tandem_kernels::{
+    dot, gelu_tanh_mul, rms_norm, BlockAttention, KeyPanels, KeysValues, QMatrix, QType,
+};
 
 use crate::error::Result;
 use crate::params::{LayerParams, Params};
@@ -102,13 +104,18 @@ impl FrozenLayer {
         })
     }
 
-    /// This layer's keys and values `[n, d]` of `n` context rows `h_ctx`.
-    pub(crate) fn context_kv(&self, h_ctx: &[f32], n: usize, eps: f32) -> Result<KeyValues> {
+    /// Appends this layer's keys and values of `n` context rows `h_ctx` to `kv`.
+    pub(crate) fn extend_context(
+        &self,
+        h_ctx: &[f32],
+        n: usize,
+        eps: f32,
+        kv: &mut KeyValues,
+    ) -> Result<()> {
         let x = rms_norm(h_ctx, &self.attn_norm, eps);
-        Ok(KeyValues {
-            k: self.k.apply(&x, n)?,
-            v: self.v.apply(&x, n)?,
-        })
+        kv.keys.push_rows(&self.k.apply(&x, n)?);
+        kv.values.extend(self.v.apply(&x, n)?);
+        Ok(())
     }
 
     /// The blocks `h [n · γ, d]` of `n = ctxs.len()` sessions after this layer, each
@@ -127,19 +134,7 @@ impl FrozenLayer {
         let q = self.q.apply(&n, rows)?;
         let k = self.k.apply(&n, rows)?;
         let v = self.v.apply(&n, rows)?;
-        let per = q.len() / ctxs.len().max(1);
-        let attn: Vec<f32> = ctxs
-            .par_iter()
-            .enumerate()
-            .flat_map_iter(|(i, ctx)| {
-                let own = i * per..(i + 1) * per;
-                let block = KeyValues {
-                    k: k[own.clone()].to_vec(),
-                    v: v[own.clone()].to_vec(),
-                };
-                attend(&q[own], [ctx, &block], d, heads)
-            })
-            .collect();
+        let attn = attend_blocks(&q, (&k, &v), ctxs, d, heads);
         let mut h = add(h, &self.o.apply(&attn, rows)?);
         let n2 = rms_norm(&h, &self.ff_norm, eps);
         let mut act = self.gate.apply(&n2, rows)?;
@@ -220,61 +215,78 @@ impl BlockHeads {
     }
 }
 
-/// Keys and values `[n, d]`, row-major.
-#[derive(Default)]
+/// One layer's keys (in panels) and values (row-major) of a session's context.
 pub(crate) struct KeyValues {
-    pub(crate) k: Vec<f32>,
-    pub(crate) v: Vec<f32>,
+    keys: KeyPanels,
+    values: Vec<f32>,
 }
 
-/// Multi-head attention of the rows of `q [γ, d]` over the keys of `parts` in order,
-/// softmax over all of them, scaled by `hd^-½`; compiled for AVX2 where present.
-fn attend(q: &[f32], parts: [&KeyValues; 2], d: usize, heads: usize) -> Vec<f32> {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was just detected.
-        return unsafe { attend_avx2(q, parts, d, heads) };
-    }
-    attend_body(q, parts, d, heads)
-}
-
-/// [`attend_body`] compiled with AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn attend_avx2(q: &[f32], parts: [&KeyValues; 2], d: usize, heads: usize) -> Vec<f32> {
-    attend_body(q, parts, d, heads)
-}
-
-/// [`attend`], head-major, so each key and value row is read once for all the block's
-/// queries.
-#[inline(always)]
-fn attend_body(q: &[f32], parts: [&KeyValues; 2], d: usize, heads: usize) -> Vec<f32> {
-    let hd = d / heads;
-    let scale = (hd as f32).powf(-0.5);
-    let keys: usize = parts.iter().map(|p| p.k.len() / d).sum();
-    let rows = q.len() / d;
-    let mut out = vec![0f32; q.len()];
-    let mut scores = vec![0f32; rows * keys];
-    for h in 0..heads {
-        let cols = h * hd..(h + 1) * hd;
-        let key_rows = parts.iter().flat_map(|p| p.k.chunks_exact(d));
-        for (j, k) in key_rows.enumerate() {
-            let kh = &k[cols.clone()];
-            for (i, qi) in q.chunks_exact(d).enumerate() {
-                scores[i * keys + j] = dot(&qi[cols.clone()], kh) * scale;
-            }
+impl KeyValues {
+    /// No position yet, `width` values a row.
+    pub(crate) fn new(width: usize) -> Self {
+        Self {
+            keys: KeyPanels::new(width),
+            values: Vec::new(),
         }
-        scores.chunks_exact_mut(keys).for_each(softmax);
-        let value_rows = parts.iter().flat_map(|p| p.v.chunks_exact(d));
-        for (j, v) in value_rows.enumerate() {
-            let vh = &v[cols.clone()];
-            for (i, row) in out.chunks_exact_mut(d).enumerate() {
-                let p = scores[i * keys + j];
-                row[cols.clone()]
-                    .iter_mut()
-                    .zip(vh)
-                    .for_each(|(o, x)| *o += p * x);
-            }
+    }
+
+    fn part(&self) -> KeysValues<'_> {
+        KeysValues {
+            keys: &self.keys,
+            values: &self.values,
+        }
+    }
+}
+
+/// Query rows times context positions under which a layer's attention runs its heads one
+/// after another on the calling thread (a rayon hand-off costs more than it saves there).
+const PARALLEL_HEADS_FROM: usize = 8 * 512;
+
+/// The multi-head attention of each session's block (`q`, `k`, `v`: `[n · γ, d]`, a block
+/// per session) over its own context `ctxs[i]` and then its own block, softmax over both,
+/// scores scaled by `hd^-½`: `[n · γ, d]`. Sessions and heads are independent, so they run
+/// in parallel where contexts are long, with the same bits either way.
+fn attend_blocks(
+    q: &[f32],
+    (k, v): (&[f32], &[f32]),
+    ctxs: &[&KeyValues],
+    d: usize,
+    heads: usize,
+) -> Vec<f32> {
+    let per = q.len() / ctxs.len().max(1);
+    let hd = d / heads;
+    let blocks: Vec<KeyPanels> = k
+        .chunks_exact(per)
+        .map(|b| KeyPanels::of_rows(d, b))
+        .collect();
+    let head = |(i, h): (usize, usize)| {
+        let own = i * per..(i + 1) * per;
+        let block = KeysValues {
+            keys: &blocks[i],
+            values: &v[own.clone()],
+        };
+        BlockAttention {
+            q: &q[own],
+            parts: &[ctxs[i].part(), block],
+            heads,
+            scale: (hd as f32).powf(-0.5),
+        }
+        .head(h)
+    };
+    let tasks: Vec<(usize, usize)> = (0..ctxs.len())
+        .flat_map(|i| (0..heads).map(move |h| (i, h)))
+        .collect();
+    let work: usize = ctxs.iter().map(|c| c.keys.len() * per / d).sum();
+    let outs: Vec<Vec<f32>> = if work >= PARALLEL_HEADS_FROM {
+        tasks.par_iter().map(|t| head(*t)).collect()
+    } else {
+        tasks.iter().map(|t| head(*t)).collect()
+    };
+    let mut out = vec![0f32; q.len()];
+    for ((i, h), o) in tasks.into_iter().zip(outs) {
+        let rows = out[i * per..(i + 1) * per].chunks_exact_mut(d);
+        for (row, x) in rows.zip(o.chunks_exact(hd)) {
+            row[h * hd..(h + 1) * hd].copy_from_slice(x);
         }
     }
     out
@@ -284,30 +296,7 @@ fn add(a: &[f32], b: &[f32]) -> Vec<f32> {
     a.iter().zip(b).map(|(x, y)| x + y).collect()
 }
 
-fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    x.iter_mut().for_each(|v| {
-        *v = (*v - max).exp();
-        sum += *v;
-    });
-    x.iter_mut().for_each(|v| *v /= sum);
-}
-
 /// The logistic function.
 pub(crate) fn sigmoid(z: f32) -> f32 {
     1.0 / (1.0 + (-z).exp())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn softmax_sums_to_one_and_keeps_order() {
-        let mut x = vec![1.0, 3.0, -2.0, 3.0];
-        softmax(&mut x);
-        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
-        assert!(x[1] == x[3] && x[1] > x[0] && x[0] > x[2]);
-    }
 }

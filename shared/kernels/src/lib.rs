@@ -86,6 +86,7 @@ mod attention_avx2;
 mod attention_avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod block_attention;
 #[cfg(target_arch = "x86_64")]
 mod block_types;
 mod dequant;
@@ -126,6 +127,7 @@ mod vector;
 mod vnni_encodings_test;
 
 pub use attention::{attention_groups, HeadAttention, KvRows};
+pub use block_attention::{BlockAttention, KeyPanels, KeysValues, PANEL};
 pub use error::KernelError;
 pub use isa::Isa;
 pub use lanes::LaneMatrix;
