@@ -173,11 +173,11 @@ fn bigram_drafter() -> Bigrams {
     }
 }
 
-/// A Prometheus server on loopback, stopped when dropped.
+/// A Prometheus server on loopback, stopped when dropped (its folder removed after).
 struct Prometheus {
     child: Child,
     addr: SocketAddr,
-    _dir: PathBuf,
+    _dir: tempfile::TempDir,
 }
 
 impl Drop for Prometheus {
@@ -192,12 +192,11 @@ fn start_prometheus(verifier: SocketAddr, drafter: SocketAddr) -> Prometheus {
         .into_iter()
         .find(|p| Path::new(p).is_file())
         .expect("prometheus missing: install Debian's prometheus package (scripts/test does)");
-    let dir = std::env::temp_dir().join(format!(
-        "tandem-prom-{}-{}",
-        std::process::id(),
-        verifier.port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("tandem-prom-")
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path();
     let rules = repo()
         .join("deploy/prometheus/tandem-recording.rules.yml")
         .canonicalize()
@@ -228,7 +227,7 @@ fn start_prometheus(verifier: SocketAddr, drafter: SocketAddr) -> Prometheus {
     Prometheus {
         child,
         addr,
-        _dir: dir,
+        _dir: tmp,
     }
 }
 
