@@ -10,8 +10,12 @@
 //! measured nor inherited a one-token forward makes its second round a plain one to time
 //! it: the slope prior is a CPU figure (a 9-token verify ≈ 3.4 steps), and where a step is
 //! launch-bound (the H200: ≈ 1.3 steps) it would keep blocks short. `γ = 0` is a
-//! plain round, so speculation that does not pay turns itself off; every `probe_every`
-//! plain rounds a one-token draft measures the drafter again. Acceptance rates are estimated
+//! plain round, so speculation that does not pay turns itself off; after `probe_every`
+//! plain rounds a one-token draft measures the drafter again, and each probe after which
+//! drafting still does not pay doubles the wait before the next (up to
+//! [`MAX_PROBE_BACKOFF`] times `probe_every`): a probe costs a drafter call and a verify,
+//! which where drafting keeps losing is all it buys (a round trip and, on a CPU target
+//! sampling, full rows of logits). Acceptance rates are estimated
 //! from exponentially decayed counts under a prior that expects each position to do as well
 //! as the one before it (and the first to be accepted 2 times in 3, so a new generation
 //! starts by drafting).
@@ -37,6 +41,9 @@ pub const SPIKE: f64 = 4.0;
 
 /// Accepted probes a generation may hope for ([`GammaPolicy::hopeful_survival`]).
 pub const HOPE: f64 = 2.0;
+
+/// Most times `probe_every` a generation whose probes keep failing waits between them.
+pub const MAX_PROBE_BACKOFF: usize = 8;
 
 /// Most rounds of evidence a generation hands on to the next (see [`Learnt`]).
 pub const CARRIED_ROUNDS: f64 = 8.0;
@@ -150,6 +157,9 @@ pub struct GammaPolicy {
     row_s: Option<f64>,
     /// Plain rounds since the last drafted round.
     plain_rounds: usize,
+    /// Plain rounds before the next probe: `probe_every`, doubled by each probe after
+    /// which drafting did not pay.
+    probe_wait: usize,
     /// Whether a plain round was recorded (timed or not).
     timed_plain: bool,
 }
@@ -175,6 +185,7 @@ impl GammaPolicy {
             extra_s: None,
             row_s: None,
             plain_rounds: 0,
+            probe_wait: cfg.probe_every,
             timed_plain: false,
             cfg,
         })
@@ -253,7 +264,12 @@ impl GammaPolicy {
     /// again, for a generation sharing steps with `sessions − 1` others (a probe delays
     /// all of them, so each probes that many times less often).
     pub fn probe_due(&self, sessions: usize) -> bool {
-        self.plain_rounds >= self.cfg.probe_every * sessions.max(1)
+        self.plain_rounds >= self.probe_wait * sessions.max(1)
+    }
+
+    /// Plain rounds a probe waits for now (alone; [`GammaPolicy::probe_due`]).
+    pub fn probe_wait(&self) -> usize {
+        self.probe_wait
     }
 
     /// `E(0), E(1), …, E(max_gamma)`: expected tokens of a round drafting each γ.
@@ -319,15 +335,21 @@ impl GammaPolicy {
         if self.cfg.max_gamma == 0 || self.needs_step_timing() {
             return 0;
         }
+        match self.best() {
+            0 if self.probe_due(1) => 1,
+            g => g,
+        }
+    }
+
+    /// The γ that maximises expected tokens per unit of cost (0: a plain round).
+    fn best(&self) -> usize {
         let rates = self
             .expected()
             .enumerate()
             .map(|(g, e)| (g, e / self.cost(g)));
-        let (best, _) = rates.fold((0, f64::NEG_INFINITY), |b, r| if r.1 > b.1 { r } else { b });
-        match best {
-            0 if self.probe_due(1) => 1,
-            g => g,
-        }
+        rates
+            .fold((0, f64::NEG_INFINITY), |b, r| if r.1 > b.1 { r } else { b })
+            .0
     }
 
     /// Whether the next round should be plain to time a one-token forward: drafting has
@@ -365,9 +387,6 @@ impl GammaPolicy {
             verify_s,
         } = *round;
         let d = self.cfg.decay;
-        let ema = |old: Option<f64>, x: f64| Some(old.map_or(x, |o| d * o + (1.0 - d) * x));
-        // A step's time counts at most `SPIKE` times the step time measured so far.
-        let step_ema = |old: Option<f64>, x: f64| ema(old, old.map_or(x, |o| x.min(SPIKE * o)));
         let timed = verify_s.is_finite() && verify_s > 0.0 && draft_s.is_finite() && draft_s >= 0.0;
         let drafted = (verified + cut.len()).min(self.cfg.max_gamma);
         let verified = verified.min(drafted);
@@ -376,10 +395,11 @@ impl GammaPolicy {
             self.plain_rounds += 1;
             self.timed_plain = true;
             if timed {
-                self.step_s = step_ema(self.step_s, verify_s);
+                self.step_s = step_ema(d, self.step_s, verify_s);
             }
             return;
         }
+        let probed = self.plain_rounds >= self.probe_wait;
         self.plain_rounds = 0;
         for (accepted_k, drafted_k) in [
             (&mut self.accepted, &mut self.drafted),
@@ -404,12 +424,22 @@ impl GammaPolicy {
                 }
             }
         }
-        if !timed {
-            return;
+        if timed {
+            self.learn_costs(verified, draft_s, verify_s);
         }
+        self.probe_wait = match probed && self.best() == 0 {
+            true => (2 * self.probe_wait).min(MAX_PROBE_BACKOFF * self.cfg.probe_every),
+            false => self.cfg.probe_every,
+        };
+    }
+
+    /// Takes in a drafted round's timings: `verified` tokens verified in `verify_s`
+    /// seconds after `draft_s` seconds of drafting.
+    fn learn_costs(&mut self, verified: usize, draft_s: f64, verify_s: f64) {
+        let d = self.cfg.decay;
         if verified == 0 {
             // A block cut whole: its verify was a one-token forward.
-            self.step_s = step_ema(self.step_s, verify_s);
+            self.step_s = step_ema(d, self.step_s, verify_s);
         }
         let step_s = match self.step_s {
             Some(step) => {
@@ -417,7 +447,7 @@ impl GammaPolicy {
                     let expected = step * (1.0 + self.verify_slope() * verified as f64);
                     let verify_s = verify_s.min(SPIKE * expected);
                     let extra = ((verify_s - step) / verified as f64).max(0.0);
-                    self.extra_s = ema(self.extra_s, extra);
+                    self.extra_s = ema(d, self.extra_s, extra);
                 }
                 step
             }
@@ -426,6 +456,17 @@ impl GammaPolicy {
         let cap = SPIKE * self.draft_cost.max(self.cfg.draft_cost);
         self.draft_cost = d * self.draft_cost + (1.0 - d) * (draft_s / step_s).min(cap);
     }
+}
+
+/// `old` decayed by `d` towards `x` (`x` itself when there is no `old`).
+fn ema(d: f64, old: Option<f64>, x: f64) -> Option<f64> {
+    Some(old.map_or(x, |o| d * o + (1.0 - d) * x))
+}
+
+/// [`ema`] of a step's time, which counts at most [`SPIKE`] times the step time measured
+/// so far.
+fn step_ema(d: f64, old: Option<f64>, x: f64) -> Option<f64> {
+    ema(d, old, old.map_or(x, |o| x.min(SPIKE * o)))
 }
 
 #[cfg(test)]

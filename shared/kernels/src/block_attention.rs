@@ -6,12 +6,13 @@
 //! (`panel[c * PANEL + l]` is value `c` of the panel's key `l`), so a query scores a whole
 //! panel with one vector multiply and add per dimension and no horizontal sum; values stay
 //! row-major and are summed over register tiles of [`TILE_ROWS`] query rows by
-//! [`TILE_COLS`] values. A head's scores of one query are `Σ_c q_c · k_c` added in `c`
-//! order, its weights the branch-free [`exp`] of the score minus the row's maximum, their
-//! sum [`lane_sum`]'s, and each output `(Σ_j w_j · v_j) / Σ w` added in key order: the same
-//! `f32` operations in the same order in the portable loops and in their AVX2 and AVX-512
-//! compilations, so every form gives the same bits, and a row's result never depends on
-//! which other rows, heads or sessions are computed beside it.
+//! [`TILE_COLS`] values. A head's score of one query and key is `scale · Σ_c q_c · k_c`
+//! (added in `c` order), its weight the branch-free [`exp`] of the score minus the row's
+//! maximum, the weights' sum [`lane_sum`]'s, and each output `Σ_j w_j · v_j` (added in key
+//! order) times the reciprocal of that sum: the same `f32` operations in the same order in
+//! the portable loops and their AVX2 and AVX-512 compilations, so every form gives the same
+//! bits, and a row's result never depends on which other rows, heads or sessions are
+//! computed beside it.
 
 use crate::vector::{exp, lane_max, lane_sum};
 
@@ -83,7 +84,7 @@ impl KeyPanels {
         }
     }
 
-    /// Panel `p`'s values `cols` of its keys: `cols.len() * PANEL` values.
+    /// Values `first..first + count` of panel `p`'s keys: `count * PANEL` values.
     fn panel(&self, p: usize, first: usize, count: usize) -> &[f32] {
         &self.data[(p * self.width + first) * PANEL..][..count * PANEL]
     }

@@ -44,6 +44,35 @@ fn a_drafter_that_is_never_accepted_turns_speculation_off_then_is_probed() {
     assert_eq!(p.choose(), 0);
 }
 
+/// Plain rounds a policy makes before its next probe (recording them).
+fn plain_until_probe(p: &mut GammaPolicy) -> usize {
+    let mut plain = 0;
+    while p.choose() == 0 {
+        p.record(0, 0, 0.0, 0.02);
+        plain += 1;
+        assert!(plain <= 1000, "no probe");
+    }
+    plain
+}
+
+#[test]
+fn each_failed_probe_doubles_the_wait_and_a_paying_one_ends_the_backoff() {
+    let mut p = trained(8, 30, false);
+    let mut waits = Vec::new();
+    for _ in 0..5 {
+        waits.push(plain_until_probe(&mut p));
+        p.record(1, 0, 0.002, 0.026);
+    }
+    assert_eq!(waits, [16, 32, 64, 128, 128]);
+    // Probes accepted until drafting pays again: the next stretch of plain rounds (if
+    // any) waits the base interval.
+    while p.choose() <= 1 {
+        plain_until_probe(&mut p);
+        p.record(1, 1, 0.002, 0.026);
+    }
+    assert_eq!(p.probe_wait(), 16);
+}
+
 #[test]
 fn a_drafter_that_is_always_accepted_drafts_the_longest_block() {
     assert_eq!(trained(8, 40, true).choose(), 8);
