@@ -205,16 +205,24 @@ pub fn message_limit(info: &pb::DrafterInfo) -> usize {
     }
 }
 
-/// `msg`'s rows in consecutive messages whose data stay within `max_data_bytes` (at least
-/// one row each, however wide), for peers that refuse large messages. `msg` must be what
-/// [`rows_to_pb`] made.
+/// Most bytes a token takes in a message (a `u32` as a varint).
+const TOKEN_BYTES: usize = 5;
+
+/// `msg`'s rows in consecutive messages whose data and tokens stay within `max_data_bytes`
+/// (each token counted at its largest, [`TOKEN_BYTES`]; at least one row a message, however
+/// wide), for peers that refuse large messages. `msg` must be what [`rows_to_pb`] made.
 pub fn chunk_rows(
     msg: &pb::ContextRows,
     max_data_bytes: usize,
 ) -> impl Iterator<Item = pb::ContextRows> + '_ {
     let rows = msg.shape.first().map_or(0, |r| *r as usize);
     let row_bytes = msg.data.len().checked_div(rows).unwrap_or(0).max(1);
-    let per_chunk = (max_data_bytes / row_bytes).max(1);
+    let token_bytes = if msg.tokens.is_empty() {
+        0
+    } else {
+        TOKEN_BYTES
+    };
+    let per_chunk = (max_data_bytes / (row_bytes + token_bytes)).max(1);
     msg.data
         .chunks(per_chunk * row_bytes)
         .enumerate()
@@ -383,13 +391,15 @@ mod tests {
             tokens: (100..110).collect(),
         };
         let msg = rows_to_pb(&rows, pb::Dtype::F32);
-        for (limit, expected) in [(1 << 20, 1), (36, 4), (24, 5), (1, 10), (12 * 7, 2)] {
+        // A row: 12 bytes of data and up to 5 of its token.
+        for (limit, expected) in [(1 << 20, 1), (51, 4), (34, 5), (1, 10), (17 * 7, 2)] {
             let chunks: Vec<_> = chunk_rows(&msg, limit).collect();
             assert_eq!(chunks.len(), expected, "limit {limit}");
             let mut next = 5;
             let (mut data, mut tokens) = (Vec::new(), Vec::new());
             for c in &chunks {
-                assert!(c.data.len() <= limit.max(12), "limit {limit}");
+                let rows = c.tokens.len();
+                assert!(c.data.len() + 5 * rows <= limit.max(17), "limit {limit}");
                 let back = rows_from_pb(c, 3).expect("each chunk decodes");
                 assert_eq!(back.start, next);
                 next += back.rows();
@@ -398,6 +408,24 @@ mod tests {
             }
             assert_eq!(data, rows.data, "limit {limit}");
             assert_eq!(tokens, rows.tokens, "limit {limit}");
+        }
+    }
+
+    /// Rows of the widest tokens chunked at a budget: every message's data and tokens, as
+    /// encoded, stay within it plus the fixed fields' few bytes.
+    #[test]
+    fn chunks_of_rows_with_their_tokens_stay_within_the_budget() {
+        let rows = SnapshotRows {
+            start: 0,
+            width: 2,
+            data: vec![0.5; 2 * 1000],
+            tokens: vec![u32::MAX - 7; 1000],
+        };
+        let msg = rows_to_pb(&rows, pb::Dtype::F32);
+        let budget = 4096;
+        for c in chunk_rows(&msg, budget) {
+            let bytes = prost::Message::encoded_len(&c);
+            assert!(bytes <= budget + 32, "{bytes} bytes");
         }
     }
 
