@@ -289,7 +289,7 @@ fn held_out_prompts(engine: &Engine, a: &SpecArgs) -> Result<Vec<Vec<u32>>> {
     let cfg = CorpusConfig {
         prompt_tokens: a.prompt_tokens,
         bos: Some(tok.bos_id()),
-        train_prompts: 1,
+        train_prompts: 0,
         held_out_prompts: a.prompts,
         held_out_percent: a.held_out_percent,
         prompts_per_file: 1,

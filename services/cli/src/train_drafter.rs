@@ -124,7 +124,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pregenerate: bool,
     /// Training prompts (cycled).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     train_prompts: usize,
     /// Held-out prompts (from held-out files only).
     #[arg(long, default_value_t = 8)]

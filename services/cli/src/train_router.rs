@@ -32,7 +32,7 @@ pub struct TrainRouterArgs {
     #[arg(long)]
     out: PathBuf,
     /// Training prompts per route.
-    #[arg(long, default_value_t = 6000)]
+    #[arg(long, default_value_t = 6000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     prompts: usize,
     /// Held-out prompts per route.
     #[arg(long, default_value_t = 600)]

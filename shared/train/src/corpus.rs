@@ -28,7 +28,7 @@ pub struct CorpusConfig {
     pub prompt_tokens: usize,
     /// Token that starts every prompt (Gemma's `<bos>`), if any.
     pub bos: Option<u32>,
-    /// Training prompts wanted.
+    /// Training prompts wanted (none: only held-out prompts, as a benchmark wants them).
     pub train_prompts: usize,
     /// Held-out prompts wanted.
     pub held_out_prompts: usize,
@@ -281,9 +281,9 @@ pub fn prompts<E>(paths: &[PathBuf], cfg: &CorpusConfig, encode: E) -> Result<Pr
 where
     E: Fn(&str) -> std::result::Result<Vec<u32>, String> + Sync,
 {
-    if cfg.prompt_tokens < 2 || cfg.train_prompts == 0 {
+    if cfg.prompt_tokens < 2 || cfg.train_prompts + cfg.held_out_prompts == 0 {
         return Err(TrainError::Invalid(
-            "prompts need at least 2 tokens and at least one training prompt".into(),
+            "prompts need at least 2 tokens, and some prompts must be wanted".into(),
         ));
     }
     let mut docs = documents(paths)?;
@@ -315,7 +315,7 @@ where
             split.extend(prompts.into_iter().take(take));
         }
     }
-    if out.train.is_empty() {
+    if out.train.is_empty() && cfg.train_prompts > 0 {
         return Err(TrainError::Invalid(format!(
             "no training prompt of {} tokens in the corpus",
             cfg.prompt_tokens

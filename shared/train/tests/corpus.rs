@@ -42,6 +42,32 @@ fn held_out_files_never_train() {
     assert!(is_held_out(Path::new("a"), 100) && !is_held_out(Path::new("a"), 0));
 }
 
+/// A benchmark asks for held-out prompts alone: a corpus whose every file is held out gives
+/// them, where asking for training prompts too is an error.
+#[test]
+fn held_out_prompts_alone_need_no_training_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for i in 0..4u8 {
+        std::fs::write(dir.path().join(format!("d{i}.txt")), vec![b'a' + i; 32]).expect("write");
+    }
+    let mut cfg = CorpusConfig {
+        prompt_tokens: 9,
+        bos: Some(2),
+        train_prompts: 0,
+        held_out_prompts: 3,
+        held_out_percent: 100,
+        prompts_per_file: 1,
+        weights: Vec::new(),
+        seed: 1,
+    };
+    let encode = |t: &str| Ok::<_, String>(t.bytes().map(u32::from).collect());
+    let p = prompts(&[dir.path().to_path_buf()], &cfg, encode).expect("prompts");
+    assert_eq!((p.train.len(), p.held_out.len()), (0, 3));
+    cfg.train_prompts = 1;
+    let e = prompts(&[dir.path().to_path_buf()], &cfg, encode).expect_err("no training file");
+    assert!(e.to_string().contains("no training prompt"), "{e}");
+}
+
 #[test]
 fn html_loses_tags_scripts_and_entities() {
     let html = "<html><head><style>p{}</style><script>var x=1;</script></head>\
