@@ -253,7 +253,10 @@ fn attend_blocks(
     d: usize,
     heads: usize,
 ) -> Vec<f32> {
-    let per = q.len() / ctxs.len().max(1);
+    if ctxs.is_empty() {
+        return Vec::new();
+    }
+    let per = q.len() / ctxs.len();
     let hd = d / heads;
     let blocks: Vec<KeyPanels> = k
         .chunks_exact(per)
