@@ -216,14 +216,12 @@ fn head_attention_body(t: HeadAttention<'_>, out: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
+    use tandem_testkit::bits;
+
     use super::*;
 
     fn data(n: usize, seed: f32) -> Vec<f32> {
-        (0..n).map(|i| ((i as f32 + seed) * 0.7).sin()).collect()
-    }
-
-    fn bits(x: &[f32]) -> Vec<u32> {
-        x.iter().map(|v| v.to_bits()).collect()
+        crate::test_data::sine(n, seed, 0.7)
     }
 
     /// Heads, window and soft-capping of a model's attention layer.

@@ -322,20 +322,19 @@ fn full_tile(
 
 #[cfg(test)]
 mod tests {
+    use tandem_testkit::bits;
+
     use super::*;
 
     fn data(n: usize, seed: f32) -> Vec<f32> {
-        (0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect()
-    }
-
-    fn bits(x: &[f32]) -> Vec<u32> {
-        x.iter().map(|v| v.to_bits()).collect()
+        crate::test_data::sine(n, seed, 0.37)
     }
 
     /// A context of `ctx` keys (pushed in pieces of 5) and a block of `rows` keys, with
-    /// their values, `width` wide.
+    /// their values, `width` wide; `keys` holds them all row-major, context first.
     struct Case {
         width: usize,
+        keys: Vec<f32>,
         ctx: (KeyPanels, Vec<f32>),
         block: (KeyPanels, Vec<f32>),
         q: Vec<f32>,
@@ -349,6 +348,7 @@ mod tests {
             let bk = data(rows * width, 3.0);
             Self {
                 width,
+                keys: [k, bk.clone()].concat(),
                 ctx: (keys, v),
                 block: (KeyPanels::of_rows(width, &bk), data(rows * width, 4.0)),
                 q: data(rows * width, 5.0),
@@ -360,14 +360,14 @@ mod tests {
         }
 
         /// Every head of the rows of `q`, in f64 from the row-major keys.
-        fn reference(&self, heads: usize, scale: f64, k: &[f32]) -> Vec<f64> {
+        fn reference(&self, heads: usize, scale: f64) -> Vec<f64> {
             let (w, hd) = (self.width, self.width / heads);
             let v: Vec<f32> = [&self.ctx.1[..], &self.block.1[..]].concat();
             let mut out = vec![0f64; self.q.len()];
             for (qi, oi) in self.q.chunks_exact(w).zip(out.chunks_exact_mut(w)) {
                 for h in 0..heads {
                     let cols = h * hd..(h + 1) * hd;
-                    let s: Vec<f64> = k
+                    let s: Vec<f64> = (self.keys)
                         .chunks_exact(w)
                         .map(|kj| {
                             let d: f64 = cols.clone().map(|c| qi[c] as f64 * kj[c] as f64).sum();
@@ -395,7 +395,6 @@ mod tests {
         for (width, heads) in [(256, 8), (96, 4), (48, 2)] {
             for (ctx, rows) in [(1, 1), (7, 3), (8, 8), (9, 5), (33, 9)] {
                 let case = Case::new(width, ctx, rows);
-                let k = [data(ctx * width, 1.0), data(rows * width, 3.0)].concat();
                 let parts = case.parts();
                 let got = BlockAttention {
                     q: &case.q,
@@ -404,7 +403,7 @@ mod tests {
                     scale: 0.4,
                 }
                 .run();
-                let want = case.reference(heads, 0.4, &k);
+                let want = case.reference(heads, 0.4);
                 let worst = got
                     .iter()
                     .zip(&want)

@@ -13,3 +13,8 @@ pub(crate) fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
         })
         .collect()
 }
+
+/// `n` values `sin((i + seed) · step)`: smooth, signed, no two neighbours alike.
+pub(crate) fn sine(n: usize, seed: f32, step: f32) -> Vec<f32> {
+    (0..n).map(|i| ((i as f32 + seed) * step).sin()).collect()
+}
