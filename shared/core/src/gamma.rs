@@ -313,9 +313,7 @@ impl GammaPolicy {
     /// own thread (after the forward).
     pub fn verify_work(&mut self, seconds: f64, rows: usize) {
         if rows > 0 && seconds.is_finite() && seconds >= 0.0 {
-            let x = seconds / rows as f64;
-            let d = self.cfg.decay;
-            self.row_s = Some(self.row_s.map_or(x, |o| d * o + (1.0 - d) * x));
+            self.row_s = ema(self.cfg.decay, self.row_s, seconds / rows as f64);
         }
     }
 
