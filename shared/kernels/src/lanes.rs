@@ -323,18 +323,6 @@ impl LaneMatrix {
         );
     }
 
-    /// Output `j` (`< n`) of `x · Wᵀ` for one activation row `x` (`k` values), bit for bit
-    /// as [`LaneMatrix::matmul`] computes it: the portable chain of its lane.
-    pub fn output(&self, x: &[f32], j: usize) -> Result<f32, KernelError> {
-        if j >= self.n {
-            return Err(KernelError::RowOutOfRange { row: j, n: self.n });
-        }
-        check_len("activations", x.len(), Some(self.k))?;
-        let mut row = vec![0f32; self.k];
-        self.decode_row(j, &mut row);
-        Ok(fma_chain(&row, x))
-    }
-
     /// Dequantizes the whole matrix to `n × k` row-major `f32`.
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.n * self.k];

@@ -98,6 +98,7 @@ mod kquants;
 mod kquants_avx2;
 #[cfg(target_arch = "x86_64")]
 mod kquants_avx512;
+mod lane_outputs;
 mod lanes;
 #[cfg(target_arch = "x86_64")]
 mod lanes_x86;
@@ -135,5 +136,6 @@ pub use matrix::QMatrix;
 pub use qtype::QType;
 pub use screen::{first_max, ArgmaxScreen, TopRow, TopRows, UpperRow};
 pub use vector::{
-    dot, exp, gelu_tanh_mul, lane_max, lane_sum, rms_norm, rms_norm_rows, softcap, softmax_weights,
+    dot, exp, exp_weights, gelu_tanh_mul, lane_max, lane_sum, rms_norm, rms_norm_rows, softcap,
+    softmax_weights,
 };

@@ -43,7 +43,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::lanes::{fma_chain, task_groups, LaneMatrix, LANES};
+use crate::lanes::{task_groups, LaneMatrix, LANES};
 use crate::matrix::check_len;
 use crate::qtype::QK8_0;
 use crate::screen_scan::{merge, Collector, RowBound};
@@ -239,7 +239,7 @@ impl ArgmaxScreen {
                 Some(_) => {
                     let cands = screened.next().expect("candidates per screened row");
                     out.candidates += cands.len();
-                    exact_values(w, x, &cands)
+                    exact_values(w, x, &cands)?
                 }
                 None => {
                     out.full_rows += 1;
@@ -389,20 +389,12 @@ pub(crate) fn score_portable(
 }
 
 /// The exact outputs `cands` (ascending) of row `x`: the lane product's
-/// own chain on each one lane.
-fn exact_values(w: &LaneMatrix, x: &[f32], cands: &[usize]) -> TopRow {
-    let mut row = vec![0f32; w.k()];
-    let values = cands
-        .iter()
-        .map(|&j| {
-            w.decode_row(j, &mut row);
-            fma_chain(&row, x)
-        })
-        .collect();
-    TopRow {
+/// own chain on each one lane ([`LaneMatrix::outputs`]).
+fn exact_values(w: &LaneMatrix, x: &[f32], cands: &[usize]) -> Result<TopRow, KernelError> {
+    Ok(TopRow {
         ids: cands.iter().map(|&j| j as u32).collect(),
-        values,
-    }
+        values: w.outputs(x, cands)?,
+    })
 }
 
 /// The index of the first maximum of `z` (0 when empty; a `NaN` never

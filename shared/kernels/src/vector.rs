@@ -85,44 +85,50 @@ fn gelu_tanh_mul_body(gate: &mut [f32], up: &[f32]) {
 }
 
 /// `out[i] = e^{(x[i] - max(x)) · scale}` for every element (`out` is overwritten), and
-/// their sum in f64: the weights of a softmax at temperature `1 / scale`. The argument is
-/// rounded to f32 and its exponential is within 2.4e-7 relative (`scale > 0`); compiled for
-/// AVX-512 or AVX2 where present, with the same per-lane operations, so the results do not
-/// depend on the CPU.
+/// their sum in f64: the weights of a softmax at temperature `1 / scale`
+/// ([`exp_weights`] over [`lane_max`]).
 pub fn softmax_weights(x: &[f32], scale: f32, out: &mut Vec<f32>) -> f64 {
     out.clear();
     out.resize(x.len(), 0.0);
+    exp_weights(x, lane_max(x), scale, out)
+}
+
+/// `out[i] = e^{(x[i] - max) · scale}` for every element of `x` (`out` as long), and their
+/// sum in f64 ([`lane_sum`]). The argument is rounded to f32 and its exponential is within
+/// 2.4e-7 relative (`scale > 0`); compiled for AVX-512 or AVX2 where present, with the same
+/// per-lane operations, so the results do not depend on the CPU, nor on how a row is cut
+/// into parts.
+pub fn exp_weights(x: &[f32], max: f32, scale: f32, out: &mut [f32]) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: AVX-512F was just detected.
-            return unsafe { softmax_weights_avx512(x, scale, out) };
+            return unsafe { exp_weights_avx512(x, max, scale, out) };
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: AVX2 was just detected.
-            return unsafe { softmax_weights_avx2(x, scale, out) };
+            return unsafe { exp_weights_avx2(x, max, scale, out) };
         }
     }
-    softmax_weights_body(x, scale, out)
+    exp_weights_body(x, max, scale, out)
 }
 
-/// [`softmax_weights_body`] compiled with AVX-512.
+/// [`exp_weights_body`] compiled with AVX-512.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,avx512f")]
-fn softmax_weights_avx512(x: &[f32], scale: f32, out: &mut [f32]) -> f64 {
-    softmax_weights_body(x, scale, out)
+fn exp_weights_avx512(x: &[f32], max: f32, scale: f32, out: &mut [f32]) -> f64 {
+    exp_weights_body(x, max, scale, out)
 }
 
-/// [`softmax_weights_body`] compiled with AVX2.
+/// [`exp_weights_body`] compiled with AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn softmax_weights_avx2(x: &[f32], scale: f32, out: &mut [f32]) -> f64 {
-    softmax_weights_body(x, scale, out)
+fn exp_weights_avx2(x: &[f32], max: f32, scale: f32, out: &mut [f32]) -> f64 {
+    exp_weights_body(x, max, scale, out)
 }
 
 #[inline(always)]
-fn softmax_weights_body(x: &[f32], scale: f32, out: &mut [f32]) -> f64 {
-    let max = lane_max(x);
+fn exp_weights_body(x: &[f32], max: f32, scale: f32, out: &mut [f32]) -> f64 {
     for (o, v) in out.iter_mut().zip(x) {
         *o = exp((*v - max) * scale);
     }
@@ -250,7 +256,8 @@ mod tests {
     }
 
     /// The dispatched softmax weights (AVX-512 or AVX2 where present) are the portable
-    /// loop's, bit for bit, with a running maximum instead of the lane maxima.
+    /// loop's, bit for bit, with a running maximum instead of the lane maxima, and the
+    /// same cut into parts.
     #[test]
     fn softmax_weights_give_the_portable_bits() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -267,10 +274,16 @@ mod tests {
                 let mut again = vec![0f32; len];
                 assert_eq!(
                     total.to_bits(),
-                    softmax_weights_body(&x, scale, &mut again).to_bits()
+                    exp_weights_body(&x, max, scale, &mut again).to_bits()
                 );
                 assert_eq!(bits(&fast), bits(&plain), "length {len}");
                 assert_eq!(bits(&fast), bits(&again), "length {len}");
+                let mut parts = vec![0f32; len];
+                let (a, b) = x.split_at(len / 3);
+                let (pa, pb) = parts.split_at_mut(len / 3);
+                exp_weights(a, max, scale, pa);
+                exp_weights(b, max, scale, pb);
+                assert_eq!(bits(&parts), bits(&plain), "length {len} in parts");
             }
         }
     }
