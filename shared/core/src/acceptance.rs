@@ -76,9 +76,9 @@ pub fn accept_sampled_rows(
         "one draft distribution per draft token"
     );
     for (i, d) in draft.iter().enumerate() {
-        let (pd, qd) = (rows.prob(i, *d), q[i].prob(*d) as f64);
+        let qd = q[i].prob(*d) as f64;
         let u = rng.uniform();
-        if qd > 0.0 && u * qd < pd {
+        if qd > 0.0 && rows.exceeds(i, *d, u * qd) {
             continue;
         }
         return Verdict {

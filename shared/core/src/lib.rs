@@ -8,6 +8,7 @@ pub mod acceptance;
 pub mod batching;
 pub mod block;
 pub mod bounded;
+pub mod bounded_rows;
 pub mod calibration;
 pub mod controls;
 pub mod cut;
@@ -31,7 +32,8 @@ pub use acceptance::{
 };
 pub use batching::{StepObserver, StepReport};
 pub use block::{accept_block, BlockPlan, ExpectedKept};
-pub use bounded::draw_bounded;
+pub use bounded::{draw_bounded, Proposal};
+pub use bounded_rows::{BoundedLogits, BoundedRows};
 pub use controls::{min_p_mask, ControlError, History, LogitControls, Penalties};
 pub use gamma::{GammaPolicy, GammaPolicyConfig, Learnt, Observed, CARRIED_ROUNDS};
 pub use identity::TargetIdentity;

@@ -13,6 +13,12 @@ use crate::sampling::SparseDist;
 pub trait TargetRows {
     /// The target's probability of `id` at position `row`.
     fn prob(&mut self, row: usize, id: u32) -> f64;
+    /// Whether the target's probability of `id` at position `row` is above `t`: what
+    /// rejection sampling asks ([`Self::prob`] compared, unless a source can answer without
+    /// the exact probability).
+    fn exceeds(&mut self, row: usize, id: u32, t: f64) -> bool {
+        self.prob(row, id) > t
+    }
     /// The token drawn from position `row`'s distribution with the uniform `u` (in
     /// [`SparseDist::draw`]'s order: by cumulative probability over the listed ids).
     fn draw(&mut self, row: usize, u: f64) -> u32;
