@@ -105,6 +105,9 @@ struct BlockCost {
     /// The same forward when only each row's argmax is read (greedy verification).
     greedy_ms: f64,
     greedy_decode_steps: f64,
+    /// The same forward when each row's logits are only bounded where the target can
+    /// (sampled verification at a temperature alone), else formed.
+    sampled_ms: f64,
     /// A device target's fixed-shape steps of this block (both logits modes).
     #[serde(skip_serializing_if = "Option::is_none")]
     split: Option<StepSplit>,
@@ -284,7 +287,7 @@ fn block_costs(
     let mut out = Vec::new();
     for &b in &a.blocks {
         let block = &ids[a.context..a.context + b];
-        let (mut all, mut greedy) = (Vec::new(), Vec::new());
+        let (mut all, mut greedy, mut sampled) = (Vec::new(), Vec::new(), Vec::new());
         // Warm-up: a device target runs a step's first run op by op, then captures it.
         seq.forward(block, a.context, LogitsMode::All, &no_taps)?;
         seq.truncate(a.context)?;
@@ -293,6 +296,7 @@ fn block_costs(
             for (mode, times) in [
                 (LogitsMode::All, &mut all),
                 (LogitsMode::Top(1), &mut greedy),
+                (LogitsMode::BoundedAll, &mut sampled),
             ] {
                 let t = Instant::now();
                 seq.forward(block, a.context, mode, &no_taps)?;
@@ -308,6 +312,7 @@ fn block_costs(
             decode_steps: ms / step_ms,
             greedy_ms,
             greedy_decode_steps: greedy_ms / step_ms,
+            sampled_ms: median(sampled),
             split: StepSplit::take(),
         });
     }
@@ -330,14 +335,20 @@ fn print_report(r: &TargetReport) {
         r.decode_tokens, r.decode_tok_s, r.decode_ms_per_token
     );
     println!(
-        "block forwards at context {} (all logits; greedy: argmaxes only):",
+        "block forwards at context {} (all logits; greedy: argmaxes only; sampled: bounds):",
         r.context
     );
-    println!("  block      ms   ms/token   decode steps   greedy ms   greedy steps");
+    println!("  block      ms   ms/token   decode steps   greedy ms   greedy steps   sampled ms");
     for b in &r.blocks {
         println!(
-            "  {:>5} {:>7.1} {:>10.2} {:>14.2} {:>11.1} {:>14.2}",
-            b.block, b.ms, b.ms_per_token, b.decode_steps, b.greedy_ms, b.greedy_decode_steps
+            "  {:>5} {:>7.1} {:>10.2} {:>14.2} {:>11.1} {:>14.2} {:>12.1}",
+            b.block,
+            b.ms,
+            b.ms_per_token,
+            b.decode_steps,
+            b.greedy_ms,
+            b.greedy_decode_steps,
+            b.sampled_ms
         );
     }
     let splits = r

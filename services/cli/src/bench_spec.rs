@@ -123,6 +123,10 @@ pub struct SpecRun {
     /// GPU a near-tie may part them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identical_to_plain: Option<[usize; 2]>,
+    /// Sampled rows whose every logit was formed because their bounds left the rule's
+    /// question open (CPU targets in `exact` precision; in process).
+    #[serde(default)]
+    pub whole_rows: u64,
     /// A device target's fixed-shape steps in these generations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_steps: Option<StepSplit>,
@@ -346,6 +350,7 @@ fn mode(runner: &Runner<'_>, prompts: &[Vec<u32>], a: &SpecArgs, temperature: f3
                 speedup: t.tok_s() / plain.tok_s().max(1e-9),
                 expected_tau: expected_tau(s),
                 identical_to_plain: identical(&plain.outputs, &t.outputs, sampling),
+                whole_rows: s.whole_rows,
                 device_steps,
             }
         })
@@ -534,6 +539,7 @@ fn merge(into: &mut SpecStats, s: &SpecStats) {
     into.draft_s += s.draft_s;
     into.verify_s += s.verify_s;
     into.proposer_failures += s.proposer_failures;
+    into.whole_rows += s.whole_rows;
     into.expected_rounds += s.expected_rounds;
     into.expected_token_kept += s.expected_token_kept;
     into.expected_block_kept += s.expected_block_kept;
@@ -587,6 +593,12 @@ fn print_report(r: &SpecReport) {
             }
             if let Some([same, all]) = s.identical_to_plain {
                 println!("        identical to plain decoding: {same} of {all} generations");
+            }
+            if s.whole_rows > 0 {
+                println!(
+                    "        rows formed whole where bounds left a question open: {}",
+                    s.whole_rows
+                );
             }
             if let Some([token, block]) = s.expected_tau {
                 println!(

@@ -90,6 +90,7 @@ pub struct VerifierMetrics {
     prompt_tokens: Counter,
     proposer_failures: Counter,
     shed: Counter,
+    whole_rows: Counter,
     /// `[position][bucket]`: tokens reached (all before them accepted) and accepted.
     reached_by_conf: Vec<Vec<Counter>>,
     accepted_by_conf: Vec<Vec<Counter>>,
@@ -203,6 +204,12 @@ impl VerifierMetrics {
                 "tandem_speculation_shed_total",
                 "Generations that decoded plainly because, at the batch's load when they \
                  joined, its draft scheduler gave a newcomer no draft.",
+                &[],
+            ),
+            whole_rows: r.counter(
+                "tandem_sampled_whole_rows_total",
+                "Sampled rows whose every logit was formed because their bounds left the \
+                 rule's question open (CPU targets in exact precision).",
                 &[],
             ),
             reached_by_conf: by_conf(
@@ -374,6 +381,7 @@ impl VerifierMetrics {
         self.prompt_tokens.increment(out.prompt_tokens as u64);
         self.proposer_failures.increment(out.spec.proposer_failures);
         self.shed.increment(out.spec.shed);
+        self.whole_rows.increment(out.spec.whole_rows);
         self.e2e.record(e2e_s);
     }
 

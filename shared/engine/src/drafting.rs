@@ -173,12 +173,11 @@ impl Drafting {
         };
         let drafts = |mut survival: Vec<f64>| {
             survival.truncate(found);
-            let drafts = Drafts {
+            Drafts {
                 survival,
                 draft_s: 0.0,
                 row_s: a.row_s,
-            };
-            seat.priced(drafts, a.bounded)
+            }
         };
         match seat.schedule(drafts(rates.survival())) {
             Some((0, sessions)) if rates.probe_due(sessions) => {
@@ -260,8 +259,6 @@ pub(crate) struct Adaptive<'a, 's> {
     pub(crate) verify_slope: f64,
     /// The generation's own work per verified row, in seconds.
     pub(crate) row_s: f64,
-    /// Whether its plain rounds only bound their logits ([`crate::Seat::priced`]).
-    pub(crate) bounded: bool,
 }
 
 /// The counts a generation keeps of its looked-up tokens.
@@ -397,7 +394,6 @@ mod tests {
             seat: Some(seat),
             verify_slope: 0.3,
             row_s: 0.0,
-            bounded: false,
         }
     }
 
@@ -489,30 +485,6 @@ mod tests {
         Ok(())
     }
 
-    /// A lookup beside others in a batch pays for the full rows it makes a bounded
-    /// generation form, as its drafter's blocks do.
-    #[test]
-    fn a_bounded_lookup_pays_for_its_full_rows() -> Result<()> {
-        let costs = crate::schedule::tests::costs();
-        let scheduler = crate::DraftScheduler::new(costs.with_full_rows(0.01));
-        let (seat, _other) = (scheduler.seat(), scheduler.seat());
-        let run = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2];
-        let length = |bounded: bool| -> Result<Option<usize>> {
-            let mut d = recording(&std::sync::Arc::default());
-            d.extend(&[0.0; 22], 0, &run)?;
-            let a = Adaptive {
-                bounded,
-                ..beside(&seat)
-            };
-            Ok(d.look_up(3, 6, Some(a)).map(|b| b.tokens.len()))
-        };
-        // A first token at the prior's 2/3 pays for its row (2.67 tokens in 25 ms against
-        // 2 in 20), not for two full rows more (45 ms).
-        assert_eq!(length(false)?, Some(1));
-        assert_eq!(length(true)?, None);
-        Ok(())
-    }
-
     /// A sampled adaptive generation alone prices its lookups against its verify cost:
     /// a lookup that keeps missing shrinks to one-token probes; a greedy one stays whole.
     #[test]
@@ -521,7 +493,6 @@ mod tests {
             seat: None,
             verify_slope: 0.3,
             row_s: 0.0,
-            bounded: false,
         };
         let run = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2];
         let mut d = Drafting {

@@ -28,7 +28,6 @@ use crate::stats::{RoundStats, SpecStats, Timing};
 
 #[path = "engine_verify.rs"]
 mod verify;
-use verify::bounds_plain_rows;
 
 /// What the caller's sink receives after the first token and after every round.
 #[derive(Debug, Clone, PartialEq)]
@@ -195,11 +194,10 @@ impl<'e> Generation<'e> {
             false => None,
         };
         let controls = req.controls(engine.tokenizer.stop_ids());
-        let bounded = bounds_plain_rows(req, &controls);
         let shed = seat
             .as_ref()
             .zip(policy.as_ref())
-            .is_some_and(|(s, p)| s.sheds(p, bounded));
+            .is_some_and(|(s, p)| s.sheds(p));
         stats.shed = u64::from(shed);
         let drafting = match proposer {
             Some(p) if gamma > 0 && !shed => Drafting::open(
@@ -270,10 +268,9 @@ impl<'e> Generation<'e> {
         let Some(seat) = &self.seat else {
             return policy.choose();
         };
-        let bounded = bounds_plain_rows(self.req, &self.controls);
-        match seat.schedule(seat.drafts(policy, bounded)) {
+        match seat.schedule(seat.drafts(policy)) {
             Some((0, sessions)) if policy.probe_due(sessions) => {
-                usize::from(seat.probe_pays(policy, bounded))
+                usize::from(seat.probe_pays(policy))
             }
             Some((gamma, _)) => gamma,
             None => policy.choose(),
@@ -313,7 +310,7 @@ impl<'e> Generation<'e> {
     fn prefill(&mut self) -> Result<u32> {
         let t0 = Instant::now();
         let full = self.req.logprobs.is_some() || self.controls.needs_all_logits(0);
-        let mode = match self.bounds_plain(full) {
+        let mode = match self.bounds(full) {
             true => LogitsMode::Bounded,
             false => LogitsMode::Last,
         };
@@ -346,7 +343,6 @@ impl<'e> Generation<'e> {
             seat: self.seat.as_ref(),
             verify_slope: p.verify_slope(),
             row_s: p.row_seconds(),
-            bounded: bounds_plain_rows(self.req, &self.controls),
         });
         let looked_up = (self.drafting.as_mut()).and_then(|d| d.look_up(anchor, cap, adaptive));
         let engine_lookup = looked_up.is_some();
@@ -370,7 +366,8 @@ impl<'e> Generation<'e> {
         let full =
             self.req.logprobs.is_some() || self.controls.needs_all_logits(self.history.generated());
         let mode = match (full, sampling.is_greedy(), sampling.top_k) {
-            _ if draft.tokens.is_empty() && self.bounds_plain(full) => LogitsMode::Bounded,
+            _ if draft.tokens.is_empty() && self.bounds(full) => LogitsMode::Bounded,
+            _ if self.bounds(full) => LogitsMode::BoundedAll,
             (true, ..) => LogitsMode::All,
             (false, true, _) => LogitsMode::Top(1),
             (false, false, Some(k)) => LogitsMode::Top(k),

@@ -1,13 +1,17 @@
 //! A round's verdict (the engine's [`Generation`], continued): the forward of a round's
 //! block, with the draw a plain sampled round's step makes for it where the target draws
 //! in its shared steps, and the verdict on the draft from what the forward returned —
-//! the step's draw, a plain round's bounded row, greedy ids, the target's top rows, or
-//! whole logits rows with the request's controls — by the request's rule.
+//! the step's draw, bounded rows (a plain round's draw, or token-wise verification through
+//! [`BoundedRows`]), greedy ids, the target's top rows, or whole logits rows with the
+//! request's controls — by the request's rule.
+
+use std::cell::RefCell;
 
 use candle_core::Tensor;
 use tandem_core::{
-    accept_greedy, argmax, distribution, distribution_of, draw_bounded, min_p_mask, token_logprob,
-    DraftBlock, ExpectedKept, LogitControls, SnapshotSpec, Verdict, Verification,
+    accept_greedy, accept_sampled_rows, argmax, distribution, distribution_of, draw_bounded,
+    min_p_mask, token_logprob, BoundedLogits, BoundedRows, DraftBlock, ExpectedKept, LogitControls,
+    SnapshotSpec, Verdict, Verification,
 };
 use tandem_gemma::{argmax_rows, BoundedRow, GemmaError, LogitsMode, TopRow};
 
@@ -66,16 +70,14 @@ impl Generation<'_> {
         if let Some(next) = out.drawn {
             return Ok((Verdict { accepted: 0, next }, None));
         }
-        if let Some(row) = &out.bounded {
-            if !draft.tokens.is_empty() {
-                return Err(EngineError::Model(GemmaError::Request(
-                    "a bounded row cannot verify a draft".into(),
-                )));
-            }
-            let next = self.draw_bounded(row)?;
-            return Ok((Verdict { accepted: 0, next }, None));
-        }
         let rows = draft.tokens.len() + 1;
+        if !out.bounded.is_empty() {
+            if draft.tokens.is_empty() {
+                let next = self.draw_bounded(&out.bounded[out.bounded.len() - 1])?;
+                return Ok((Verdict { accepted: 0, next }, None));
+            }
+            return Ok((self.verify_bounded(&out.bounded, rows, draft)?, None));
+        }
         let sampling = self.req.sampling;
         if let Some(top) = &out.top {
             let top = top.get(..rows).ok_or_else(|| {
@@ -151,11 +153,12 @@ impl Generation<'_> {
 }
 
 impl Generation<'_> {
-    /// Whether a plain round (or the prefill) asks its target for bounds on its last row's
-    /// logits instead of the logits ([`LogitsMode::Bounded`]): [`bounds_plain_rows`], and
-    /// the round needs no full row (`full`).
-    pub(super) fn bounds_plain(&self, full: bool) -> bool {
-        !full && bounds_plain_rows(self.req, &self.controls)
+    /// Whether a round (or the prefill) asks its target for bounds on its rows' logits
+    /// instead of the logits ([`LogitsMode::Bounded`] for a plain round's last row,
+    /// [`LogitsMode::BoundedAll`] for a drafted round's): [`bounds_rows`], and the round
+    /// needs no full row (`full`).
+    pub(super) fn bounds(&self, full: bool) -> bool {
+        !full && bounds_rows(self.req, &self.controls)
     }
 
     /// A plain round's token from its row's bounds ([`draw_bounded`], uniforms from the
@@ -177,6 +180,7 @@ impl Generation<'_> {
         match drawn {
             Some(id) => Ok(id),
             None => {
+                self.formed_whole(1);
                 let dist = distribution(&row.logits()?, &params);
                 Ok(dist.draw(self.sampler.uniform()))
             }
@@ -184,10 +188,86 @@ impl Generation<'_> {
     }
 }
 
-/// Whether `req`'s plain rounds draw from bounded rows: sampled at a temperature alone,
-/// token-wise (seeded rounds draw by the inverse distribution, as their drafted rounds do),
-/// with no controls and no log-probabilities.
-pub(super) fn bounds_plain_rows(req: &GenerationRequest, controls: &LogitControls) -> bool {
+impl Generation<'_> {
+    /// Token-wise verification of `draft` against the first `rows` of `bounded` (the
+    /// request samples at a temperature alone: [`bounds_rows`]).
+    fn verify_bounded(
+        &mut self,
+        bounded: &[BoundedRow],
+        rows: usize,
+        draft: &DraftBlock,
+    ) -> Result<Verdict> {
+        let bounded = bounded.get(..rows).ok_or_else(|| {
+            EngineError::InvalidRequest(format!("forward returned {} bounded rows", bounded.len()))
+        })?;
+        let failed = RefCell::new(None);
+        let checked: Vec<Checked<'_>> = (bounded.iter())
+            .map(|row| Checked {
+                row,
+                failed: &failed,
+            })
+            .collect();
+        let params = *self.sampler.params();
+        let mut target = BoundedRows::new(&checked, params);
+        let verdict =
+            accept_sampled_rows(&draft.tokens, &draft.dists, &mut target, &mut self.sampler);
+        self.formed_whole(target.work().1);
+        match failed.into_inner() {
+            Some(e) => Err(EngineError::Model(e)),
+            None => Ok(verdict),
+        }
+    }
+
+    /// Counts `rows` bounded rows formed whole ([`SpecStats::whole_rows`](crate::SpecStats)).
+    fn formed_whole(&mut self, rows: usize) {
+        if rows > 0 {
+            self.stats.whole_rows += rows as u64;
+            tracing::debug!(
+                rows,
+                "bounds left a sampled row's question open: formed whole"
+            );
+        }
+    }
+}
+
+/// A bounded row that keeps the first error of its exact logits (the rule reads numbers,
+/// not results: a failed logit reads as NaN, a failed row as none).
+struct Checked<'a> {
+    row: &'a BoundedRow,
+    failed: &'a RefCell<Option<GemmaError>>,
+}
+
+impl Checked<'_> {
+    fn keep<T>(&self, r: std::result::Result<T, GemmaError>) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.failed.borrow_mut().get_or_insert(e);
+                None
+            }
+        }
+    }
+}
+
+impl BoundedLogits for Checked<'_> {
+    fn upper(&self) -> &[f32] {
+        &self.row.upper
+    }
+
+    fn logits_of(&self, ids: &[u32]) -> Vec<f32> {
+        self.keep(self.row.logits_of(ids))
+            .unwrap_or_else(|| vec![f32::NAN; ids.len()])
+    }
+
+    fn logits(&self) -> Option<Vec<f32>> {
+        self.keep(self.row.logits())
+    }
+}
+
+/// Whether `req`'s rounds draw from and verify against bounded rows: sampled at a
+/// temperature alone, token-wise (seeded rounds draw by the inverse distribution), with no
+/// controls and no log-probabilities.
+fn bounds_rows(req: &GenerationRequest, controls: &LogitControls) -> bool {
     let params = &req.sampling;
     req.verification == Verification::Token
         && req.logprobs.is_none()

@@ -198,12 +198,11 @@ impl Seat<'_> {
     /// generation with `policy` that the batch now gives no draft: only if the batch would
     /// give it a length had the next probes all been accepted
     /// ([`GammaPolicy::hopeful_survival`]). Otherwise no outcome of the probe changes what
-    /// the generation does, and it only costs the batch a drafter call and, on a CPU
-    /// target, full rows.
-    pub fn probe_pays(&self, policy: &GammaPolicy, bounded: bool) -> bool {
+    /// the generation does, and it only costs the batch a drafter call and a row.
+    pub fn probe_pays(&self, policy: &GammaPolicy) -> bool {
         let hopeful = Drafts {
             survival: policy.hopeful_survival(),
-            ..self.drafts(policy, bounded)
+            ..self.drafts(policy)
         };
         self.would_draft(&hopeful)
     }
@@ -215,29 +214,13 @@ impl Seat<'_> {
     }
 
     /// What an adaptive generation with `policy` brings the batch each round: the
-    /// survivals it expects and its drafting and per-row seconds, [`Seat::priced`].
-    pub fn drafts(&self, policy: &GammaPolicy, bounded: bool) -> Drafts {
-        let drafts = Drafts {
+    /// survivals it expects and its drafting and per-row seconds (a sampled generation's
+    /// drafted rows are bounded as its plain ones are, so they cost what those do).
+    pub fn drafts(&self, policy: &GammaPolicy) -> Drafts {
+        Drafts {
             survival: policy.survival(),
             draft_s: self.draft_seconds(policy),
             row_s: policy.row_seconds(),
-        };
-        self.priced(drafts, bounded)
-    }
-
-    /// `drafts` (from the drafter or looked up) as the batch pays for them. A generation
-    /// whose plain rounds only bound their logits (`bounded`) pays for forming them all
-    /// when it drafts: each drafted row and, once a round, its anchor's row cost the
-    /// target's [`StepCosts::full_row_s`] more.
-    pub fn priced(&self, drafts: Drafts, bounded: bool) -> Drafts {
-        let full = match bounded {
-            true => self.scheduler.published().costs.full_row_s(),
-            false => 0.0,
-        };
-        Drafts {
-            draft_s: drafts.draft_s + full,
-            row_s: drafts.row_s + full,
-            ..drafts
         }
     }
 
@@ -250,8 +233,8 @@ impl Seat<'_> {
     /// rows, no lookup, no question a round), as each of those would cost every step of
     /// the batch. Alone it never sheds. The first shed after admissions that were not, and
     /// the reverse, are logged.
-    pub fn sheds(&self, policy: &GammaPolicy, bounded: bool) -> bool {
-        let drafts = self.drafts(policy, bounded);
+    pub fn sheds(&self, policy: &GammaPolicy) -> bool {
+        let drafts = self.drafts(policy);
         let certain = Drafts {
             survival: vec![1.0; drafts.survival.len()],
             ..drafts
@@ -351,40 +334,22 @@ pub(crate) mod tests {
         let policy = GammaPolicy::new(tandem_core::GammaPolicyConfig::new(4)).expect("policy");
         let first = s.seat();
         // Alone a generation keeps its own policy.
-        assert!(!first.sheds(&policy, false));
+        assert!(!first.sheds(&policy));
         // Beside one other, four sure drafts (every block padded to 8 rows) pay.
-        assert!(!s.seat().sheds(&policy, false));
+        assert!(!s.seat().sheds(&policy));
         let crowd: Vec<Seat<'_>> = (0..30).map(|_| s.seat()).collect();
         crowd.iter().for_each(|c| c.fixed(0, 1.0));
         step(&s, 32, 0.0025);
         // Beside thirty-two plain generations, one block of 8 makes a step of 264 rows:
         // even sure drafts do not pay, and the newcomer counts as one plain row.
         let newcomer = s.seat();
-        assert!(newcomer.sheds(&policy, false));
+        assert!(newcomer.sheds(&policy));
         step(&s, 33, 0.0026);
         let standing = s.published().standing.get(&newcomer.id).copied();
         assert_eq!(standing, Some(Standing::Fixed(Unscheduled::PLAIN)));
         drop(crowd);
         step(&s, 3, 0.002);
-        assert!(
-            !s.seat().sheds(&policy, false),
-            "the crowd gone, drafts pay again"
-        );
-    }
-
-    /// A generation whose plain rows are bounded prices its drafted rounds with the rows
-    /// of every logit they form: beside a plain generation, a sure draft that pays for one
-    /// whose rows all cost the same does not pay for it.
-    #[test]
-    fn bounded_generations_pay_for_their_full_rows() {
-        let s = DraftScheduler::new(costs().with_full_rows(0.02));
-        let policy = GammaPolicy::new(tandem_core::GammaPolicyConfig::new(2)).expect("policy");
-        let (a, _b) = (s.seat(), s.seat());
-        let (plain, bounded) = (a.drafts(&policy, false), a.drafts(&policy, true));
-        assert_eq!(bounded.row_s, plain.row_s + 0.02);
-        assert_eq!(bounded.draft_s, plain.draft_s + 0.02);
-        assert!(!a.sheds(&policy, false));
-        assert!(a.sheds(&policy, true));
+        assert!(!s.seat().sheds(&policy), "the crowd gone, drafts pay again");
     }
 
     /// A generation given no draft probes its drafter only where accepted probes could
@@ -401,8 +366,8 @@ pub(crate) mod tests {
         // Beside a plain generation (10 ms a step, 5 a row; drafting 0.2 of a 15 ms step)
         // two drafts hoped at 0.8 and 0.64 pay (3.44 tokens in 33 ms against 2 in 20);
         // after sixty rejections even the hope (below 0.2) does not.
-        assert!(a.probe_pays(&fresh, false));
-        assert!(!a.probe_pays(&rejected, false));
+        assert!(a.probe_pays(&fresh));
+        assert!(!a.probe_pays(&rejected));
         assert!(matches!(*lock(&a.slot), Claim::Fixed(Unscheduled::PLAIN)));
     }
 

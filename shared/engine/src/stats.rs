@@ -51,6 +51,10 @@ pub struct SpecStats {
     /// 1 when the generation started without speculation because the batch's scheduler
     /// gave a newcomer no draft at its load (`Seat::sheds`).
     pub shed: u64,
+    /// Rows whose every logit a sampled round formed because their bounds could not
+    /// answer the rule (a draw or an acceptance question left open; `tandem_core::
+    /// BoundedRows`): each costs a one-row head product.
+    pub whole_rows: u64,
     /// Rounds that reported [`RoundStats::expected`].
     pub expected_rounds: u64,
     /// Draft tokens the token-wise rule keeps of those rounds' blocks in expectation.

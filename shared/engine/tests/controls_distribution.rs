@@ -112,7 +112,7 @@ impl TargetSequence for Sequence {
         Ok(TargetStep {
             logits: Some(logits),
             top: None,
-            bounded: None,
+            bounded: Vec::new(),
             snapshot,
             drawn: None,
         })

@@ -1,7 +1,9 @@
 //! Bounded rows on the real Gemma 3 270M in `exact` precision ([`LogitsMode::Bounded`]):
 //! every bound lies on or above its logit, one logit computed alone and the whole row are
 //! the full head's bit for bit, and tokens drawn from the bounds
-//! ([`tandem_core::draw_bounded`]) follow the softmax of the exact logits.
+//! ([`tandem_core::draw_bounded`]) follow the softmax of the exact logits. A block's rows
+//! ([`LogitsMode::BoundedAll`]) are each position's, as one forward of all logits gives
+//! them, and chosen ids' logits together ([`BoundedRow::logits_of`]) are theirs too.
 
 mod common;
 
@@ -20,9 +22,46 @@ fn rows(m: &Gemma3, prompt: &[u32]) -> (Vec<f32>, Option<BoundedRow>) {
         taps: vec![],
     };
     let out = m.forward(prompt, 0, &mut other, &opts).expect("bounded");
-    assert_eq!(out.bounded.is_some(), ArgmaxScreen::available());
+    assert_eq!(out.bounded.len(), usize::from(ArgmaxScreen::available()));
     assert_eq!(out.logits.is_some(), !ArgmaxScreen::available());
-    (z, out.bounded)
+    (z, out.bounded.into_iter().next())
+}
+
+#[test]
+fn a_blocks_bounded_rows_are_its_positions() {
+    let m = Gemma3::load(&real_gguf()).expect("load the real GGUF");
+    let tok = tokenizers::Tokenizer::from_file(real_tokenizer()).expect("tokenizer");
+    let mut prompt = vec![2];
+    let text = "Dear Sam, thank you for the lovely weekend. The garden looked";
+    prompt.extend(tok.encode(text, false).expect("encode").get_ids());
+    let (context, block) = prompt.split_at(prompt.len() - 5);
+    let mut all = m.new_cache(prompt.len());
+    forward(&m, context, &mut all, LogitsMode::None);
+    let mut bounded = all.clone();
+    let z = forward(&m, block, &mut all, LogitsMode::All);
+    let opts = ForwardOptions {
+        logits: LogitsMode::BoundedAll,
+        taps: vec![],
+    };
+    let out = m
+        .forward(block, context.len(), &mut bounded, &opts)
+        .expect("bounded");
+    if !ArgmaxScreen::available() {
+        assert!(out.bounded.is_empty(), "no screen: logits rows");
+        assert_eq!(out.logits.expect("logits").dims2().expect("rows").0, 5);
+        return;
+    }
+    assert_eq!(out.bounded.len(), block.len());
+    let vocab = z.len() / block.len();
+    let mut rng = Lcg::new(11);
+    for (row, z) in out.bounded.iter().zip(z.chunks_exact(vocab)) {
+        assert!(row.upper.iter().zip(z).all(|(u, z)| u >= z));
+        let ids = rng.tokens(20, vocab);
+        let got = row.logits_of(&ids).expect("logits");
+        for (id, g) in ids.iter().zip(got) {
+            assert_eq!(g.to_bits(), z[*id as usize].to_bits(), "id {id}");
+        }
+    }
 }
 
 #[test]

@@ -134,7 +134,7 @@ impl<C: BatchCache> BatchedSequence<'_, C> {
         let mut step = TargetStep {
             logits: None,
             top: None,
-            bounded: None,
+            bounded: Vec::new(),
             snapshot: Vec::new(),
             drawn: None,
         };
@@ -241,7 +241,7 @@ mod tests {
                 Ok(ForwardOutput {
                     logits: None,
                     top: None,
-                    bounded: None,
+                    bounded: Vec::new(),
                     taps: Vec::new(),
                     last_hidden: Tensor::zeros(rows, DType::F32, &Device::Cpu)?,
                 })

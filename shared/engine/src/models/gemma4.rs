@@ -98,7 +98,7 @@ impl TargetSequence for Sequence<'_> {
         Ok(TargetStep {
             logits: out.logits,
             top: None,
-            bounded: None,
+            bounded: Vec::new(),
             snapshot,
             drawn: None,
         })

@@ -84,9 +84,10 @@ pub struct TargetStep {
     /// With [`LogitsMode::Top`], per row the ids that can rank among its `k` largest
     /// logits, with those logits, where the target finds them without all logits.
     pub top: Option<Vec<TopRow>>,
-    /// With [`LogitsMode::Bounded`], the last row's logits as bounds, where the target
-    /// gives them (else `logits` holds that row).
-    pub bounded: Option<BoundedRow>,
+    /// With [`LogitsMode::Bounded`], the last row's logits as bounds, with
+    /// [`LogitsMode::BoundedAll`] every row's, where the target gives them (else `logits`
+    /// holds those rows).
+    pub bounded: Vec<BoundedRow>,
     /// `m` snapshot rows of the requested spec, row-major.
     pub snapshot: Vec<f32>,
     /// From [`TargetSequence::forward_drawn`], the token its draw landed on.

@@ -138,7 +138,7 @@ fn full_rows<C>(job: &Job<C>) -> usize {
     match job.opts.logits {
         LogitsMode::All => job.tokens.len(),
         LogitsMode::Last => 1,
-        LogitsMode::Top(_) | LogitsMode::Bounded | LogitsMode::None => 0,
+        LogitsMode::Top(_) | LogitsMode::Bounded | LogitsMode::BoundedAll | LogitsMode::None => 0,
     }
 }
 

@@ -35,15 +35,23 @@ impl BoundedRow {
 
     /// The logit of `id`, bit for bit as the whole head's product gives it.
     pub fn logit(&self, id: u32) -> Result<f32> {
+        Ok(self.logits_of(&[id])?[0])
+    }
+
+    /// The logits of `ids`, in order, each bit for bit as the whole head's product gives it.
+    pub fn logits_of(&self, ids: &[u32]) -> Result<Vec<f32>> {
         if self.exact {
-            return (self.upper.get(id as usize).copied())
-                .ok_or_else(|| GemmaError::Request(format!("no logit for id {id}")));
+            return (ids.iter())
+                .map(|&id| self.upper.get(id as usize).copied())
+                .collect::<Option<Vec<f32>>>()
+                .ok_or_else(|| GemmaError::Request(format!("no logits for ids {ids:?}")));
         }
         let w = self
             .head
             .lanes()
             .ok_or_else(|| GemmaError::Request("a bounded row's head has no lane layout".into()))?;
-        Ok(w.output(&self.hidden, id as usize)?)
+        let ids: Vec<usize> = ids.iter().map(|&id| id as usize).collect();
+        Ok(w.outputs(&self.hidden, &ids)?)
     }
 
     /// Every logit, as the whole head's product gives them (for a draw the bounds cannot

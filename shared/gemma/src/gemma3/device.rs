@@ -253,7 +253,7 @@ impl DeviceGemma3 {
                 .collect();
             let (n, t) = self.forward_chunk(&chunk, b, span.start + pos, cache, &opts.taps)?;
             let rows = match opts.logits {
-                LogitsMode::All | LogitsMode::Top(_) => Some(n.clone()),
+                LogitsMode::All | LogitsMode::BoundedAll | LogitsMode::Top(_) => Some(n.clone()),
                 LogitsMode::Last | LogitsMode::Bounded if c + 1 == chunks => {
                     let (mc, h) = (span.len(), self.cfg.hidden_size);
                     Some(
@@ -279,7 +279,7 @@ impl DeviceGemma3 {
             .collect::<Result<Vec<_>>>()?;
         Ok(ForwardOutput {
             top: None,
-            bounded: None,
+            bounded: Vec::new(),
             logits: (!logits.is_empty())
                 .then(|| sequence_major(&logits, b))
                 .transpose()?,

@@ -404,7 +404,7 @@ impl DeviceBatch {
             outs.push(ForwardOutput {
                 logits,
                 top,
-                bounded: None,
+                bounded: Vec::new(),
                 taps,
                 last_hidden: mine.narrow(1, key.taps.len() * h, h)?.contiguous()?,
             });
@@ -435,7 +435,7 @@ impl DeviceBatch {
             let m = s.tokens.len();
             let first = b * key.rows;
             let wanted = match s.opts.logits {
-                LogitsMode::All | LogitsMode::Top(_) => first..first + m,
+                LogitsMode::All | LogitsMode::BoundedAll | LogitsMode::Top(_) => first..first + m,
                 LogitsMode::Last | LogitsMode::Bounded => first + m - 1..first + m,
                 LogitsMode::None => continue,
             };

@@ -380,7 +380,9 @@ impl DeviceGemma3 {
     fn step_output(&self, step: &StepIo, m: usize, opts: &ForwardOptions) -> Result<ForwardOutput> {
         let normed = step.normed.narrow(0, 0, m)?;
         let logits = match opts.logits {
-            LogitsMode::All | LogitsMode::Top(_) => Some(self.logits(&normed)?),
+            LogitsMode::All | LogitsMode::BoundedAll | LogitsMode::Top(_) => {
+                Some(self.logits(&normed)?)
+            }
             LogitsMode::Last | LogitsMode::Bounded => {
                 Some(self.logits(&normed.narrow(0, m - 1, 1)?)?)
             }
@@ -401,7 +403,7 @@ impl DeviceGemma3 {
         let last_hidden = rows.pop().expect("the final-norm rows");
         Ok(ForwardOutput {
             top: None,
-            bounded: None,
+            bounded: Vec::new(),
             logits,
             taps: rows,
             last_hidden,

@@ -136,8 +136,9 @@ impl Gemma3Model for Gemma3 {
     }
 
     /// Each sequence runs its own forward, in parallel (the CPU kernels are batch
-    /// invariant: this equals running them one by one); [`LogitsMode::Bounded`] gives
-    /// logits rows, as [`LogitsMode::Last`] does.
+    /// invariant: this equals running them one by one); [`LogitsMode::Bounded`] and
+    /// [`LogitsMode::BoundedAll`] give logits rows, as [`LogitsMode::Last`] and
+    /// [`LogitsMode::All`] do.
     fn forward_batch(
         &self,
         tokens: &[u32],
@@ -149,6 +150,7 @@ impl Gemma3Model for Gemma3 {
         let opts = &ForwardOptions {
             logits: match opts.logits {
                 LogitsMode::Bounded => LogitsMode::Last,
+                LogitsMode::BoundedAll => LogitsMode::All,
                 mode => mode,
             },
             taps: opts.taps.clone(),
@@ -192,7 +194,7 @@ fn concat_outputs(outs: Vec<ForwardOutput>) -> Result<ForwardOutput> {
     Ok(ForwardOutput {
         logits,
         top,
-        bounded: None,
+        bounded: Vec::new(),
         taps,
         last_hidden: cat(outs.into_iter().map(|o| o.last_hidden).collect())?,
     })

@@ -61,6 +61,9 @@ pub enum LogitsMode {
     /// them all (the CPU model in `exact` precision, through
     /// `tandem_kernels::ArgmaxScreen`), else its logits as with [`LogitsMode::Last`].
     Bounded,
+    /// Every block position as [`LogitsMode::Bounded`] bounds the last (sampled
+    /// verification), else every row's logits as with [`LogitsMode::All`].
+    BoundedAll,
 }
 
 /// What a forward should return besides updating the cache.
@@ -81,9 +84,10 @@ pub struct ForwardOutput {
     /// With [`LogitsMode::Top`], per block position the ids (ascending) that can rank
     /// among its `k` largest logits with those logits, bit for bit as in the full row.
     pub top: Option<Vec<TopRow>>,
-    /// With [`LogitsMode::Bounded`], the last position's logits as bounds, where the model
-    /// gives them.
-    pub bounded: Option<BoundedRow>,
+    /// With [`LogitsMode::Bounded`], the last position's logits as bounds, with
+    /// [`LogitsMode::BoundedAll`] every position's, where the model gives them (else
+    /// none).
+    pub bounded: Vec<BoundedRow>,
     /// One `[m, hidden]` f32 tensor per requested tap, in request order.
     pub taps: Vec<Tensor>,
     /// `[m, hidden]` f32: the final-norm output of every block position.

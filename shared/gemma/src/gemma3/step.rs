@@ -29,11 +29,11 @@ pub struct Segment<'a> {
     pub opts: &'a ForwardOptions,
 }
 
-/// A segment's logits, top rows or bounded row (one of them, or none).
+/// A segment's logits, top rows or bounded rows (one of them, or none).
 struct HeadOutput {
     logits: Option<Tensor>,
     top: Option<Vec<TopRow>>,
-    bounded: Option<BoundedRow>,
+    bounded: Vec<BoundedRow>,
 }
 
 /// Where a segment's rows sit in the batch and the rotary angles of its positions.
@@ -163,7 +163,8 @@ impl Gemma3 {
     /// that need full logits go through the head in one product; the [`LogitsMode::Top`]
     /// rows of the whole step go through the screen, one call per `k`, when the step has
     /// two or more of them (one row is bound by reading the head either way) and the model
-    /// has a screen; the [`LogitsMode::Bounded`] rows through the screen's bounds, one call,
+    /// has a screen; the bounded rows ([`LogitsMode::Bounded`], [`LogitsMode::BoundedAll`])
+    /// through the screen's bounds, one call,
     /// whenever the model has a screen (a row's bounds are its own, so a draw from them is
     /// the same alone or batched). A segment's top rows are the same whether it was
     /// screened alone or with others; a one-row segment screened with others gets top rows
@@ -188,8 +189,12 @@ impl Gemma3 {
             LogitsMode::All => span.start..span.start + span.m,
             LogitsMode::Last => last(span),
             LogitsMode::Bounded if !bounds => last(span),
+            LogitsMode::BoundedAll if !bounds => span.start..span.start + span.m,
             LogitsMode::Top(_) if !screen => span.start..span.start + span.m,
-            LogitsMode::Top(_) | LogitsMode::Bounded | LogitsMode::None => 0..0,
+            LogitsMode::Top(_)
+            | LogitsMode::Bounded
+            | LogitsMode::BoundedAll
+            | LogitsMode::None => 0..0,
         };
         let ranges: Vec<_> = segs
             .iter()
@@ -208,7 +213,7 @@ impl Gemma3 {
         };
         let mut bounded = match bounds {
             true => self.bounded(segs, spans, normed)?,
-            false => vec![None; segs.len()],
+            false => vec![Vec::new(); segs.len()],
         };
         let mut out = Vec::with_capacity(segs.len());
         for (i, r) in ranges.iter().enumerate() {
@@ -222,39 +227,48 @@ impl Gemma3 {
             out.push(HeadOutput {
                 logits: full,
                 top: tops[i].take(),
-                bounded: bounded[i].take(),
+                bounded: std::mem::take(&mut bounded[i]),
             });
         }
         Ok(out)
     }
 
-    /// The bounded row of every [`LogitsMode::Bounded`] segment (its last position), all
-    /// bounded in one call of the screen.
+    /// The bounded rows of every segment that asks for them (the last position of a
+    /// [`LogitsMode::Bounded`] one, every position of a [`LogitsMode::BoundedAll`] one),
+    /// all bounded in one call of the screen.
     fn bounded(
         &self,
         segs: &[Segment<'_>],
         spans: &[Span],
         normed: &[f32],
-    ) -> Result<Vec<Option<BoundedRow>>> {
+    ) -> Result<Vec<Vec<BoundedRow>>> {
         let h = self.cfg.hidden_size;
-        let mut out = vec![None; segs.len()];
-        let members: Vec<usize> = (0..segs.len())
-            .filter(|&i| segs[i].opts.logits == LogitsMode::Bounded)
+        let mut out = vec![Vec::new(); segs.len()];
+        let positions = |i: usize| {
+            let span = &spans[i];
+            match segs[i].opts.logits {
+                LogitsMode::Bounded => span.start + span.m - 1..span.start + span.m,
+                LogitsMode::BoundedAll => span.start..span.start + span.m,
+                _ => 0..0,
+            }
+        };
+        let members: Vec<(usize, usize)> = (0..segs.len())
+            .flat_map(|i| positions(i).map(move |r| (i, r)))
             .collect();
         let (Some(screen), Some(w), false) =
             (&self.screen, self.head.head().lanes(), members.is_empty())
         else {
             return Ok(out);
         };
-        let row = |i: usize| &normed[(spans[i].start + spans[i].m - 1) * h..][..h];
+        let row = |r: usize| &normed[r * h..][..h];
         let x: Vec<f32> = members
             .iter()
-            .flat_map(|&i| row(i).iter().copied())
+            .flat_map(|&(_, r)| row(r).iter().copied())
             .collect();
         let rows = screen.upper_rows(w, &x, members.len())?;
-        for (i, upper) in members.into_iter().zip(rows) {
+        for ((i, r), upper) in members.into_iter().zip(rows) {
             let head = std::sync::Arc::clone(self.head.head());
-            out[i] = Some(BoundedRow::new(upper, head, row(i).to_vec()));
+            out[i].push(BoundedRow::new(upper, head, row(r).to_vec()));
         }
         Ok(out)
     }

@@ -299,7 +299,9 @@ impl Gemma4 {
         cache.commit(m);
         let normed = rms_norm(&x, &self.final_norm, self.cfg.rms_norm_eps as f32);
         let logits = match logits {
-            LogitsMode::All | LogitsMode::Top(_) => Some(self.logits(&normed, m)?),
+            LogitsMode::All | LogitsMode::BoundedAll | LogitsMode::Top(_) => {
+                Some(self.logits(&normed, m)?)
+            }
             LogitsMode::Last | LogitsMode::Bounded => Some(self.logits(&normed[(m - 1) * h..], 1)?),
             LogitsMode::None => None,
         };
