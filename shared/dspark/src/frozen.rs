@@ -8,29 +8,59 @@
 //! 4.8 ms here.
 
 use candle_core::Var;
+use half::f16;
 use rayon::prelude::*;
 use tandem_kernels::{
     dot, gelu_tanh_mul, rms_norm, BlockAttention, KeyPanels, KeysValues, QMatrix, QType,
 };
 
-use crate::error::Result;
+use crate::error::{DsparkError, Result};
 use crate::params::{LayerParams, Params};
 
-/// A frozen `x · W` layer: `W [in, out]` stored transposed for [`QMatrix::matmul`].
+/// A frozen `x · W` layer: `W [in, out]` stored transposed for [`QMatrix::matmul`], in
+/// f16 where every weight is an f16 value (a drafter saved in f16 is: half the bytes each
+/// product streams, the same products), in f32 otherwise.
 pub(crate) struct Linear(QMatrix);
 
 impl Linear {
     /// Freezes a `[in, out]` parameter.
     fn of(w: &Var) -> Result<Self> {
-        let t = w.as_tensor().t()?.contiguous()?;
-        let (n, k) = t.dims2()?;
-        let bytes = t
-            .flatten_all()?
-            .to_vec1::<f32>()?
+        Self::stacked(&[w])
+    }
+
+    /// Freezes `[in, out_i]` parameters of one input width side by side: one product
+    /// gives each one's outputs in turn (`[m, Σ out_i]`), each output bit for bit what
+    /// its own matrix gives (an output depends only on its weight row and the input).
+    fn stacked(ws: &[&Var]) -> Result<Self> {
+        let (mut values, mut n, mut width) = (Vec::new(), 0, None);
+        for w in ws {
+            let t = w.as_tensor().t()?.contiguous()?;
+            let (out, k) = t.dims2()?;
+            if *width.get_or_insert(k) != k {
+                return Err(DsparkError::Invalid(format!(
+                    "stacked parameters of input widths {width:?} and {k}"
+                )));
+            }
+            values.extend(t.flatten_all()?.to_vec1::<f32>()?);
+            n += out;
+        }
+        let half = values
             .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        Ok(Self(QMatrix::new(QType::F32, n, k, bytes)?))
+            .all(|v| f16::from_f32(*v).to_f32().to_bits() == v.to_bits());
+        let (qtype, bytes) = match half {
+            true => (
+                QType::F16,
+                values
+                    .iter()
+                    .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+                    .collect(),
+            ),
+            false => (
+                QType::F32,
+                values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ),
+        };
+        Ok(Self(QMatrix::new(qtype, n, width.unwrap_or(0), bytes)?))
     }
 
     /// Output width.
@@ -44,22 +74,35 @@ impl Linear {
         self.0.matmul(x, m, &mut y)?;
         Ok(y)
     }
+
+    /// [`Linear::apply`] of a layer stacked of `N` parts of equal widths, its outputs split
+    /// back into one `[m, out_i]` matrix per part.
+    fn apply_parts<const N: usize>(&self, x: &[f32], m: usize) -> Result<[Vec<f32>; N]> {
+        let y = self.apply(x, m)?;
+        let w = self.out() / N;
+        Ok(std::array::from_fn(|i| {
+            y.chunks_exact(self.out())
+                .flat_map(|row| &row[i * w..(i + 1) * w])
+                .copied()
+                .collect()
+        }))
+    }
 }
 
 fn flat(v: &Var) -> Result<Vec<f32>> {
     Ok(v.as_tensor().flatten_all()?.to_vec1::<f32>()?)
 }
 
-/// One frozen backbone layer.
+/// One frozen backbone layer. The block's query, key and value projections run as one
+/// product (`qkv`), the context's keys and values as another (`kv`), the feed-forward's
+/// gate and up as a third: one hand-off to the threads where three or two would be.
 pub(crate) struct FrozenLayer {
     attn_norm: Vec<f32>,
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    qkv: Linear,
+    kv: Linear,
     o: Linear,
     ff_norm: Vec<f32>,
-    gate: Linear,
-    up: Linear,
+    gate_up: Linear,
     down: Linear,
 }
 
@@ -93,13 +136,11 @@ impl FrozenLayer {
     fn of(p: &LayerParams) -> Result<Self> {
         Ok(Self {
             attn_norm: flat(&p.attn_norm)?,
-            q: Linear::of(&p.q)?,
-            k: Linear::of(&p.k)?,
-            v: Linear::of(&p.v)?,
+            qkv: Linear::stacked(&[&p.q, &p.k, &p.v])?,
+            kv: Linear::stacked(&[&p.k, &p.v])?,
             o: Linear::of(&p.o)?,
             ff_norm: flat(&p.ff_norm)?,
-            gate: Linear::of(&p.gate)?,
-            up: Linear::of(&p.up)?,
+            gate_up: Linear::stacked(&[&p.gate, &p.up])?,
             down: Linear::of(&p.down)?,
         })
     }
@@ -113,8 +154,9 @@ impl FrozenLayer {
         kv: &mut KeyValues,
     ) -> Result<()> {
         let x = rms_norm(h_ctx, &self.attn_norm, eps);
-        kv.keys.push_rows(&self.k.apply(&x, n)?);
-        kv.values.extend(self.v.apply(&x, n)?);
+        let [k, v] = self.kv.apply_parts(&x, n)?;
+        kv.keys.push_rows(&k);
+        kv.values.extend(v);
         Ok(())
     }
 
@@ -131,14 +173,11 @@ impl FrozenLayer {
         let d = self.attn_norm.len();
         let rows = h.len() / d;
         let n = rms_norm(h, &self.attn_norm, eps);
-        let q = self.q.apply(&n, rows)?;
-        let k = self.k.apply(&n, rows)?;
-        let v = self.v.apply(&n, rows)?;
+        let [q, k, v] = self.qkv.apply_parts(&n, rows)?;
         let attn = attend_blocks(&q, (&k, &v), ctxs, d, heads);
         let mut h = add(h, &self.o.apply(&attn, rows)?);
         let n2 = rms_norm(&h, &self.ff_norm, eps);
-        let mut act = self.gate.apply(&n2, rows)?;
-        let up = self.up.apply(&n2, rows)?;
+        let [mut act, up] = self.gate_up.apply_parts(&n2, rows)?;
         gelu_tanh_mul(&mut act, &up);
         let down = self.down.apply(&act, rows)?;
         h.iter_mut().zip(&down).for_each(|(x, y)| *x += y);
@@ -302,4 +341,67 @@ fn add(a: &[f32], b: &[f32]) -> Vec<f32> {
 /// The logistic function.
 pub(crate) fn sigmoid(z: f32) -> f32 {
     1.0 / (1.0 + (-z).exp())
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Tensor};
+
+    use super::*;
+
+    /// A `[rows, cols]` parameter of values `f(i)`.
+    fn var(rows: usize, cols: usize, f: impl Fn(usize) -> f32) -> Var {
+        let v: Vec<f32> = (0..rows * cols).map(f).collect();
+        Var::from_tensor(&Tensor::from_vec(v, (rows, cols), &Device::Cpu).expect("tensor"))
+            .expect("var")
+    }
+
+    fn f16_value(i: usize) -> f32 {
+        f16::from_f32(((i * 7919 % 2003) as f32 / 1001.5 - 1.0) * 0.3).to_f32()
+    }
+
+    #[test]
+    fn weights_that_are_f16_values_are_stored_in_f16_with_the_same_products() -> Result<()> {
+        let (k, n, m) = (40, 24, 5);
+        let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let half = Linear::of(&var(k, n, f16_value))?;
+        assert_eq!(half.0.qtype(), QType::F16);
+        let wide = var(k, n, |i| f16_value(i) + if i == 7 { 1e-7 } else { 0.0 });
+        assert_eq!(Linear::of(&wide)?.0.qtype(), QType::F32);
+        let t = var(k, n, f16_value).as_tensor().t()?.contiguous()?;
+        let bytes = (t.flatten_all()?.to_vec1::<f32>()?.iter())
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let mut want = vec![0f32; m * n];
+        QMatrix::new(QType::F32, n, k, bytes)?.matmul(&x, m, &mut want)?;
+        let got = half.apply(&x, m)?;
+        assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        Ok(())
+    }
+
+    #[test]
+    fn a_stacked_product_gives_each_part_bit_for_bit() -> Result<()> {
+        let (k, m) = (32, 3);
+        let parts = [
+            var(k, 16, f16_value),
+            var(k, 16, |i| f16_value(i + 5)),
+            var(k, 16, |i| (i as f32).cos()),
+        ];
+        let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.11).cos()).collect();
+        let stacked = Linear::stacked(&[&parts[0], &parts[1], &parts[2]])?;
+        let got: [Vec<f32>; 3] = stacked.apply_parts(&x, m)?;
+        for (part, got) in parts.iter().zip(got) {
+            let want = Linear::of(part)?.apply(&x, m)?;
+            assert!(got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+        let other = var(k + 1, 16, f16_value);
+        assert!(Linear::stacked(&[&parts[0], &other]).is_err());
+        Ok(())
+    }
 }
