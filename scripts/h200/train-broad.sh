@@ -43,7 +43,8 @@ GROW="${GROW_LAYERS:+--grow-layers $GROW_LAYERS} ${GROW_FF_MULT:+--grow-ff-mult 
 # steps only those parameters (a grown drafter's new layers), the rest stay as they start.
 # CORPUS_WEIGHTS="docs=4 prose=0.5" takes that many times the prompts per file from those
 # folders of the corpus; LR sets the peak learning rate (1.5e-3); PROMPT_TOKENS the prompt
-# length (64; a longer one keeps whole requests that carry a passage).
+# length (64; a longer one keeps whole requests that carry a passage); TV_TEMPERATURE the
+# temperature of the loss's total variation (1; 0.7 fits what clients sampling at 0.7 accept).
 REVOCAB=$([ "${REBUILD_VOCAB:-1}" = 1 ] && echo --rebuild-vocab || true)
 WEIGHTS=$(for w in ${CORPUS_WEIGHTS:-}; do printf -- "--corpus-weight %s/corpus/train/%s " "$W" "$w"; done)
 
@@ -53,7 +54,8 @@ data_flags() {
     --keep 64 --temperatures 0,0.7,1 --teacher-batch 512 --samples-cache "$W/cache" \
     --pregenerate --vocab-samples 4096 --seed 4 \
     --samples-per-step 32 --batch 1024 --warmup 50 --eval-every 250 --checkpoint-every 100 \
-    --device cuda ${TRAIN_ONLY:+--train-only $TRAIN_ONLY} $WEIGHTS
+    --device cuda ${TRAIN_ONLY:+--train-only $TRAIN_ONLY} \
+    ${TV_TEMPERATURE:+--tv-temperature $TV_TEMPERATURE} $WEIGHTS
 }
 
 # The drafters and logs of the runs, copied to $OUT.

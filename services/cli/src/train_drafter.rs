@@ -115,6 +115,12 @@ pub struct TrainArgs {
     /// --resume.
     #[arg(long, value_delimiter = ',')]
     train_only: Vec<String>,
+    /// Temperature at which the loss compares the drafter's and the target's distributions
+    /// (their total variation; a verifier sampling at T accepts with 1 − that): 1 is the
+    /// DSpark paper's loss, 0.7 fits the drafter to what clients sampling at 0.7 accept;
+    /// give it again with --resume.
+    #[arg(long, default_value_t = 1.0)]
+    tv_temperature: f64,
     /// Temperatures of the training continuations, each prompt written at one of them
     /// (picked by a hash of the prompt; 0 = greedy). Held-out continuations stay greedy.
     #[arg(long, value_delimiter = ',', default_value = "0")]
@@ -164,6 +170,12 @@ impl TrainArgs {
         if let Some(t) = self.temperatures.iter().find(|t| !(0.0..=4.0).contains(*t)) {
             bail!("--temperatures: {t} is outside 0..=4");
         }
+        if !(0.05..=4.0).contains(&self.tv_temperature) {
+            bail!(
+                "--tv-temperature: {} is outside 0.05..=4",
+                self.tv_temperature
+            );
+        }
         Ok(TrainConfig {
             steps: self.steps,
             samples_per_step: self.samples_per_step,
@@ -183,6 +195,7 @@ impl TrainArgs {
             corpus_weights: (self.corpus_weight.iter())
                 .map(|(p, w)| format!("{}={w}", p.display()))
                 .collect(),
+            tv_temperature: self.tv_temperature,
             device: Device::Cpu,
         })
     }

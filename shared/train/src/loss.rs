@@ -2,9 +2,14 @@
 //! estimate. Per block position `k` (1-based): `0.1·CE(t_k) + 0.9·TV(p_d, p_t) +
 //! BCE(c_k, 1 − TV)` with the BCE target detached, weighted by `exp(−(k−1)/γ)`, averaged
 //! over the unmasked positions of the batch by weight.
+//!
+//! The total variation may be taken at a sampling temperature `T` (both distributions
+//! sharpened, `p^{1/T}` renormalised): a verifier sampling at `T` accepts a drafted token
+//! with probability `1 − TV` of exactly those distributions (DistillSpec, arXiv 2310.08461,
+//! picks the divergence by the decoding it serves). `T = 1` is the paper's loss.
 
 use candle_core::{DType, Tensor, D};
-use candle_nn::ops::log_softmax;
+use candle_nn::ops::{log_softmax, softmax_last_dim};
 use tandem_dspark::TrainOutput;
 
 use crate::batch::Targets;
@@ -41,8 +46,8 @@ pub fn position_weights(gamma: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The loss of `out` against `t`.
-pub fn loss(out: &TrainOutput, t: &Targets) -> Result<Loss> {
+/// The loss of `out` against `t`, its total variation at temperature `tv_temperature`.
+pub fn loss(out: &TrainOutput, t: &Targets, tv_temperature: f64) -> Result<Loss> {
     let (a, g, _) = out.logits.dims3()?;
     let w = Tensor::from_vec(position_weights(g), (1, g), t.mask.device())?;
     let w = w.broadcast_mul(&t.mask)?;
@@ -54,8 +59,15 @@ pub fn loss(out: &TrainOutput, t: &Targets) -> Result<Loss> {
         .gather(&t.tokens.unsqueeze(D::Minus1)?, D::Minus1)?
         .squeeze(D::Minus1)?
         .neg()?;
-    let p_d = logp.exp()?;
-    let tv = ((&p_d - &t.probs)?.abs()?.sum(D::Minus1)? * 0.5)?;
+    let (p_d, p_t) = if tv_temperature == 1.0 {
+        (logp.exp()?, t.probs.clone())
+    } else {
+        (
+            softmax_last_dim(&(&out.logits / tv_temperature)?)?,
+            sharpened(&t.probs, tv_temperature)?,
+        )
+    };
+    let tv = ((&p_d - &p_t)?.abs()?.sum(D::Minus1)? * 0.5)?;
     let y = (1.0 - tv.detach())?;
     let c = out.confidences.clamp(1e-6f32, 1.0 - 1e-6)?;
     let bce = ((&y * c.log()?)? + ((1.0 - &y)? * (1.0 - &c)?.log()?)?)?.neg()?;
@@ -79,6 +91,14 @@ pub fn loss(out: &TrainOutput, t: &Targets) -> Result<Loss> {
     })
 }
 
+/// Distributions `probs` (last dimension) at temperature `temp`: `p^{1/T}` renormalised;
+/// an all-zero row (a masked position) stays zero.
+fn sharpened(probs: &Tensor, temp: f64) -> Result<Tensor> {
+    let p = probs.powf(1.0 / temp)?;
+    let z = p.sum_keepdim(D::Minus1)?.clamp(1e-30f32, f32::MAX)?;
+    Ok(p.broadcast_div(&z)?)
+}
+
 /// Sum over blocks of the number of leading block positions whose greedy draft equals the
 /// target token (`matches[a][k]` is 1 or 0): the tokens a greedy verifier would accept
 /// under teacher forcing. Divide by the block count for a mean acceptance length − 1.
@@ -87,4 +107,61 @@ pub fn expected_accepted(matches: &[Vec<f32>]) -> f32 {
         .iter()
         .map(|row| row.iter().take_while(|m| **m > 0.5).count() as f32)
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::Device;
+
+    use super::*;
+
+    /// One block of two positions over four draft ids: drafter logits, target
+    /// distributions (the second position masked, its row zero), tokens.
+    fn case() -> (TrainOutput, Targets) {
+        let dev = &Device::Cpu;
+        let logits = [[1.0f32, 0.5, -0.5, -1.0], [0.0, 0.0, 0.0, 0.0]];
+        let probs = [[0.4f32, 0.4, 0.15, 0.05], [0.0; 4]];
+        let out = TrainOutput {
+            logits: Tensor::new(&[logits], dev).expect("logits"),
+            confidences: Tensor::new(&[[0.5f32, 0.5]], dev).expect("confidences"),
+        };
+        let t = Targets {
+            tokens: Tensor::new(&[[1u32, 0]], dev).expect("tokens"),
+            probs: Tensor::new(&[probs], dev).expect("probs"),
+            mask: Tensor::new(&[[1f32, 0.0]], dev).expect("mask"),
+        };
+        (out, t)
+    }
+
+    /// `½ Σ |a − b|` of `a ∝ softmax(z / T)` and `b ∝ p^{1/T}`, in f64.
+    fn tv_by_hand(z: &[f64], p: &[f64], temp: f64) -> f64 {
+        let a: Vec<f64> = z.iter().map(|z| (z / temp).exp()).collect();
+        let b: Vec<f64> = p.iter().map(|p| p.powf(1.0 / temp)).collect();
+        let (za, zb) = (a.iter().sum::<f64>(), b.iter().sum::<f64>());
+        a.iter()
+            .zip(&b)
+            .map(|(a, b)| (a / za - b / zb).abs())
+            .sum::<f64>()
+            / 2.0
+    }
+
+    #[test]
+    fn total_variation_is_taken_at_the_asked_temperature() -> Result<()> {
+        let (out, t) = case();
+        let z = [1.0, 0.5, -0.5, -1.0];
+        let p = [0.4, 0.4, 0.15, 0.05];
+        for temp in [1.0, 0.7, 0.5] {
+            let l = loss(&out, &t, temp)?;
+            let want = tv_by_hand(&z, &p, temp);
+            assert!(
+                (f64::from(l.tv) - want).abs() < 1e-5,
+                "T {temp}: {} vs {want}",
+                l.tv
+            );
+            assert!(l.value.is_finite(), "the masked zero row gives no NaN");
+        }
+        // Sharpened, the drafter's single top id parts from the target's two tied ones.
+        assert!(loss(&out, &t, 0.5)?.tv > loss(&out, &t, 1.0)?.tv + 0.05);
+        Ok(())
+    }
 }

@@ -48,6 +48,8 @@ pub struct TrainConfig {
     /// The corpus weights the training prompts were drawn with (`PATH=W`), for the resume
     /// check only.
     pub corpus_weights: Vec<String>,
+    /// Temperature of the loss's total variation ([`crate::loss::loss`]; 1 = the paper's).
+    pub tv_temperature: f64,
     /// Where the drafter trains (the CPU, or a GPU with the `cuda` feature).
     #[serde(skip)]
     pub device: Device,
@@ -211,6 +213,9 @@ impl<'m, M: Gemma3Model> Trainer<'m, M> {
         if !self.cfg.corpus_weights.is_empty() {
             f["corpus_weights"] = serde_json::json!(self.cfg.corpus_weights);
         }
+        if self.cfg.tv_temperature != 1.0 {
+            f["tv_temperature"] = serde_json::json!(self.cfg.tv_temperature);
+        }
         f
     }
 
@@ -301,7 +306,7 @@ impl<'m, M: Gemma3Model> Trainer<'m, M> {
         };
         let (batch, targets) = maker.make(samples, anchors)?;
         let out = self.drafter.forward_train(&batch, &self.head_rows)?;
-        loss(&out, &targets)
+        loss(&out, &targets, self.cfg.tv_temperature)
     }
 
     /// Scores every `eval_stride`-th anchor of every held-out sample (generated on first

@@ -77,6 +77,7 @@ pub fn train_config(steps: usize) -> TrainConfig {
         checkpoint_every: 0,
         train_only: Vec::new(),
         corpus_weights: Vec::new(),
+        tv_temperature: 1.0,
         device: candle_core::Device::Cpu,
     }
 }
