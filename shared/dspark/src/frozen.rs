@@ -11,7 +11,8 @@ use candle_core::Var;
 use half::f16;
 use rayon::prelude::*;
 use tandem_kernels::{
-    dot, gelu_tanh_mul, rms_norm, BlockAttention, KeyPanels, KeysValues, QMatrix, QType,
+    dot, gelu_tanh_mul, rms_norm, BlockAttention, ColumnMatrix, KeyPanels, KeysValues, QMatrix,
+    QType,
 };
 
 use crate::error::{DsparkError, Result};
@@ -44,10 +45,7 @@ impl Linear {
             values.extend(t.flatten_all()?.to_vec1::<f32>()?);
             n += out;
         }
-        let half = values
-            .iter()
-            .all(|v| f16::from_f32(*v).to_f32().to_bits() == v.to_bits());
-        let (qtype, bytes) = match half {
+        let (qtype, bytes) = match all_half(&values) {
             true => (
                 QType::F16,
                 values
@@ -89,6 +87,36 @@ impl Linear {
     }
 }
 
+/// Whether every value is an f16 value (so f16 storage keeps it exactly).
+fn all_half(values: &[f32]) -> bool {
+    values
+        .iter()
+        .all(|v| f16::from_f32(*v).to_f32().to_bits() == v.to_bits())
+}
+
+/// The Markov head's `W2` frozen for its per-position products (32,768 outputs of 64
+/// inputs): a [`ColumnMatrix`], whose outputs take no horizontal sums; in f16 where every
+/// weight is an f16 value.
+pub(crate) struct MarkovProduct(ColumnMatrix);
+
+impl MarkovProduct {
+    /// Freezes `W2 [r, vd]`.
+    fn of(w: &Var) -> Result<Self> {
+        let t = w.as_tensor().t()?.contiguous()?;
+        let (n, k) = t.dims2()?;
+        let values = t.flatten_all()?.to_vec1::<f32>()?;
+        let half = all_half(&values);
+        Ok(Self(ColumnMatrix::new(&values, n, k, half)?))
+    }
+
+    /// `x [m, r] · W2` as `[m, vd]`.
+    pub(crate) fn apply(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        let mut y = vec![0f32; m * self.0.n()];
+        self.0.matmul(x, m, &mut y)?;
+        Ok(y)
+    }
+}
+
 fn flat(v: &Var) -> Result<Vec<f32>> {
     Ok(v.as_tensor().flatten_all()?.to_vec1::<f32>()?)
 }
@@ -113,8 +141,8 @@ pub(crate) struct Frozen {
     pub(crate) ctx_norm: Vec<f32>,
     pub(crate) out_norm: Vec<f32>,
     pub(crate) out_proj: Linear,
-    /// `W2ᵀ`: one row of `r` per draft token.
-    pub(crate) markov_w2: Linear,
+    /// `W2`, for the products of the Markov pass.
+    pub(crate) markov_w2: MarkovProduct,
     pub(crate) heads: BlockHeads,
 }
 
@@ -198,7 +226,7 @@ impl Frozen {
             ctx_norm: flat(&p.ctx_norm)?,
             out_norm: flat(&p.out_norm)?,
             out_proj: Linear::of(&p.out_proj)?,
-            markov_w2: Linear::of(&p.markov_w2)?,
+            markov_w2: MarkovProduct::of(&p.markov_w2)?,
             heads: BlockHeads::of(p)?,
         })
     }

@@ -89,6 +89,7 @@ mod avx512;
 mod block_attention;
 #[cfg(target_arch = "x86_64")]
 mod block_types;
+mod columns;
 mod dequant;
 mod error;
 mod float;
@@ -129,6 +130,7 @@ mod vnni_encodings_test;
 
 pub use attention::{attention_groups, HeadAttention, KvRows};
 pub use block_attention::{BlockAttention, KeyPanels, KeysValues, PANEL};
+pub use columns::ColumnMatrix;
 pub use error::KernelError;
 pub use isa::Isa;
 pub use lanes::LaneMatrix;
