@@ -2,10 +2,14 @@
 //! (hidden 640, 18 layers) and the real Q4_K_M head read from the models folder
 //! (`tandem_testkit::models_dir`): `propose` of a γ = 8 block with
 //! the context already in the session cache, and `extend` by one round's 9 rows, at context
-//! 256 and 1024, with the full 262 144-token vocabulary and with a 32k draft vocabulary.
+//! 256 and 1024, with the full 262 144-token vocabulary and with a 32k draft vocabulary;
+//! then `propose` of the shipped general drafter (`drafters/gemma-3-270m-dspark-general`,
+//! saved in f16) at γ = 1, 2, 4 and 8 from a 128-position context.
 //!
-//! Run with `cargo bench -p tandem-dspark --bench block_cost`.
+//! Run with `cargo bench -p tandem-dspark --bench block_cost` (`-- shipped` for the last
+//! group alone).
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -85,8 +89,34 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
+/// The shipped general drafter's blocks of each length from a 128-position context.
+fn shipped(c: &mut Criterion, head: &TargetHead) {
+    let dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../drafters/gemma-3-270m-dspark-general");
+    let model = Arc::new(Dspark::load(&dir, head).expect("the shipped general drafter"));
+    let p = DsparkProposer::new(model, head).expect("proposer");
+    let mut s = session(&p, 128);
+    let mut group = c.benchmark_group("dspark_shipped_general");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(4));
+    for gamma in [1, 2, 4, 8] {
+        let req = ProposeRequest {
+            anchor: 818,
+            position: 128,
+            gamma,
+        };
+        group.bench_function(BenchmarkId::new("propose", gamma), |b| {
+            b.iter(|| s.propose(&req).expect("propose"))
+        });
+    }
+    group.finish();
+}
+
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     bench(&mut c);
+    let head = TargetHead::load(&real_gguf()).expect("the real head");
+    shipped(&mut c, &head);
     c.final_summary();
 }
