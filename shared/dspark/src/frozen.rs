@@ -1,6 +1,7 @@
 //! The drafter's parameters frozen for inference: copied once out of their candle `Var`s
-//! into row-major `[out, in]` f32 matrices of the batch-invariant kernels, and the plain
-//! f32 forward of one block over them — the same maths as the candle backbone
+//! into row-major `[out, in]` matrices of the batch-invariant kernels (in f16 where every
+//! weight is an f16 value, else f32; the Markov head's `W2` as a [`ColumnMatrix`]), and the
+//! plain f32 forward of one block over them — the same maths as the candle backbone
 //! (`backbone.rs`, DFlash arXiv 2602.06036 Eq. 2–3), without a tensor op per step.
 //! Measured on a 2-core CPU while the target runs beside it (Gemma 3 270M, d_draft 256, two
 //! layers, 32k draft vocabulary): a one-token round's drafting (propose and extend) cost
