@@ -23,6 +23,10 @@ const OUTPUTS: usize = 64;
 /// Products of at least this many multiply-adds split their panels between threads.
 const PARALLEL_MIN_MACS: usize = 1 << 17;
 
+/// Tasks per thread of a split product (so that a thread slowed by another process does
+/// not hold the others back for long).
+const TASKS_PER_THREAD: usize = 4;
+
 /// Panels of weights, each `[k][OUTPUTS]` (zero past the last output).
 enum Panels {
     F32(Vec<f32>),
@@ -93,11 +97,16 @@ impl ColumnMatrix {
         let panels = self.n.div_ceil(OUTPUTS);
         let run = |p: usize, rows: &mut [f32]| self.panel(isa, p, x, m, rows);
         let mut staged = vec![0f32; panels * m * OUTPUTS];
-        let chunks = staged.chunks_mut(m * OUTPUTS).enumerate();
-        if m * self.n * self.k >= PARALLEL_MIN_MACS && rayon::current_num_threads() > 1 {
-            chunks.par_bridge().for_each(|(p, rows)| run(p, rows));
+        let threads = rayon::current_num_threads();
+        if m * self.n * self.k >= PARALLEL_MIN_MACS && threads > 1 {
+            let per_task = panels.div_ceil(threads * TASKS_PER_THREAD);
+            staged
+                .par_chunks_mut(m * OUTPUTS)
+                .enumerate()
+                .with_min_len(per_task)
+                .for_each(|(p, rows)| run(p, rows));
         } else {
-            chunks.for_each(|(p, rows)| run(p, rows));
+            (staged.chunks_mut(m * OUTPUTS).enumerate()).for_each(|(p, rows)| run(p, rows));
         }
         for (p, rows) in staged.chunks(m * OUTPUTS).enumerate() {
             let (j0, len) = (p * OUTPUTS, OUTPUTS.min(self.n - p * OUTPUTS));
