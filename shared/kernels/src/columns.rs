@@ -94,6 +94,10 @@ impl ColumnMatrix {
         }
         check_len("activations", x.len(), m.checked_mul(self.k))?;
         check_len("output", out.len(), m.checked_mul(self.n))?;
+        if self.k == 0 {
+            out.fill(0.0);
+            return Ok(());
+        }
         let panels = self.n.div_ceil(OUTPUTS);
         let run = |p: usize, rows: &mut [f32]| self.panel(isa, p, x, m, rows);
         let mut staged = vec![0f32; panels * m * OUTPUTS];
@@ -281,10 +285,16 @@ mod tests {
     }
 
     #[test]
-    fn wrong_lengths_are_refused() {
+    fn wrong_lengths_are_refused_and_no_inputs_give_zeros() {
         assert!(ColumnMatrix::new(&[0.0; 5], 2, 3, false).is_err());
         let c = ColumnMatrix::new(&[0.0; 6], 2, 3, false).expect("packed");
         assert!(c.matmul(&[0.0; 4], 1, &mut [0.0; 2]).is_err());
         assert!(c.matmul(&[0.0; 3], 1, &mut [0.0; 3]).is_err());
+        let empty = ColumnMatrix::new(&[], 3, 0, true).expect("no inputs");
+        let mut out = [f32::NAN; 6];
+        empty
+            .matmul(&[], 2, &mut out)
+            .expect("a product of no inputs");
+        assert_eq!(out, [0.0; 6]);
     }
 }
