@@ -375,6 +375,7 @@ pub(crate) fn sigmoid(z: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use candle_core::{Device, Tensor};
+    use tandem_testkit::bits;
 
     use super::*;
 
@@ -404,10 +405,7 @@ mod tests {
         let mut want = vec![0f32; m * n];
         QMatrix::new(QType::F32, n, k, bytes)?.matmul(&x, m, &mut want)?;
         let got = half.apply(&x, m)?;
-        assert!(got
-            .iter()
-            .zip(&want)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert_eq!(bits(&got), bits(&want));
         Ok(())
     }
 
@@ -424,10 +422,7 @@ mod tests {
         let got: [Vec<f32>; 3] = stacked.apply_parts(&x, m)?;
         for (part, got) in parts.iter().zip(got) {
             let want = Linear::of(part)?.apply(&x, m)?;
-            assert!(got
-                .iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert_eq!(bits(&got), bits(&want));
         }
         let other = var(k + 1, 16, f16_value);
         assert!(Linear::stacked(&[&parts[0], &other]).is_err());

@@ -15,7 +15,7 @@ use rayon::prelude::*;
 
 use crate::error::KernelError;
 use crate::isa::Isa;
-use crate::matrix::check_len;
+use crate::matrix::{check_call, check_len};
 
 /// Outputs per panel: eight 8-lane registers.
 const OUTPUTS: usize = 64;
@@ -89,11 +89,7 @@ impl ColumnMatrix {
         m: usize,
         out: &mut [f32],
     ) -> Result<(), KernelError> {
-        if !isa.is_available() {
-            return Err(KernelError::IsaUnavailable(isa));
-        }
-        check_len("activations", x.len(), m.checked_mul(self.k))?;
-        check_len("output", out.len(), m.checked_mul(self.n))?;
+        check_call(isa, (x, m, self.k), (out, self.n))?;
         if self.k == 0 {
             out.fill(0.0);
             return Ok(());
@@ -210,6 +206,8 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
+    use tandem_testkit::bits;
+
     use super::*;
 
     fn weights(n: usize, k: usize) -> Vec<f32> {
@@ -254,7 +252,7 @@ mod tests {
                 }
                 match &first {
                     None => first = Some(out),
-                    Some(f) => assert!(f.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits())),
+                    Some(f) => assert_eq!(bits(f), bits(&out), "{isa:?}"),
                 }
             }
         }
@@ -277,10 +275,7 @@ mod tests {
             pool.install(|| c.matmul(&x[r * k..(r + 1) * k], 1, &mut one))
                 .expect("product");
             let row = &all[r * n..(r + 1) * n];
-            assert!(row
-                .iter()
-                .zip(&one)
-                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert_eq!(bits(row), bits(&one), "row {r}");
         }
     }
 
