@@ -1,7 +1,8 @@
 //! Drafting the blocks of several sessions in one pass (DSpark, arXiv 2607.05147: the
 //! block forward is one forward for many rows). The backbone takes every session's block
 //! rows together — each projection reads its weights once for the whole batch — with
-//! attention per session over its own context; the restricted head scores every drafted
+//! attention per session over its own context and its own rows (as many as its own γ asks
+//! for, so a session's block never depends on another's γ); the restricted head scores every drafted
 //! position at once; the sequential Markov pass runs block position `k` of every session
 //! as one product. The kernels are batch invariant, so each session's block is bit for bit
 //! the block it gets drafting alone, and each session draws from its own sampler.
@@ -10,7 +11,7 @@ use tandem_core::{distribution, DraftBlock, Sampler, SparseDist};
 use tandem_kernels::rms_norm;
 
 use crate::config::DraftVocab;
-use crate::draft::{check_request, check_token, ContextCache, DraftRequest, Drafter};
+use crate::draft::{block_rows, check_request, check_token, ContextCache, DraftRequest, Drafter};
 use crate::error::{DsparkError, Result};
 
 /// One session's block in a batched draft: its context, what it asks for, its sampler.
@@ -23,12 +24,13 @@ pub struct DraftJob<'a> {
     pub sampler: &'a mut Sampler,
 }
 
-/// The parallel part of the blocks of a batch: final states of every configured block
-/// position of every session, and base logits (before Markov) of the positions drafted.
+/// The parallel part of the blocks of a batch: final states of every block row of every
+/// session (its drafted positions and one more, [`block_rows`]), and base logits (before
+/// Markov) of the positions drafted.
 pub(crate) struct Backbones {
-    /// Configured block positions per session (rows of `out` per session).
-    block: usize,
-    /// `[sessions · block, d]`.
+    /// The first row of `out` of each session.
+    out_row: Vec<usize>,
+    /// `[Σ rows, d]`.
     out: Vec<f32>,
     /// `[Σ γ, vd]`: each session's drafted positions in order.
     base: Vec<f32>,
@@ -97,30 +99,40 @@ impl Drafter {
         })
     }
 
-    /// The backbone over each item's full configured block (as trained), base logits of
-    /// its first `gamma` positions through the restricted head.
+    /// The backbone over each item's block rows ([`block_rows`]), base logits of its
+    /// first `gamma` positions through the restricted head.
     pub(crate) fn backbones(&self, items: &[(&ContextCache, DraftRequest)]) -> Result<Backbones> {
         let f = &self.frozen;
-        let (d, block) = (f.heads.width(), self.gamma);
-        let mut h = Vec::with_capacity(items.len() * block * d);
-        for (_, req) in items {
-            h.extend(f.heads.block(&self.target.embed(req.anchor)?)?);
+        let d = f.heads.width();
+        let rows: Vec<usize> = items
+            .iter()
+            .map(|(_, req)| block_rows(req.gamma, self.gamma))
+            .collect();
+        let mut h = Vec::with_capacity(rows.iter().sum::<usize>() * d);
+        for ((_, req), n) in items.iter().zip(&rows) {
+            h.extend_from_slice(&f.heads.block(&self.target.embed(req.anchor)?)?[..n * d]);
         }
         for (l, layer) in f.layers.iter().enumerate() {
             let ctxs: Vec<_> = items.iter().map(|(c, _)| &c.layers[l]).collect();
-            h = layer.forward(&h, &ctxs, self.heads, self.eps)?;
+            h = layer.forward(&h, (&ctxs, &rows), self.heads, self.eps)?;
         }
         let out = rms_norm(&h, &f.out_norm, self.eps);
+        let out_row: Vec<usize> = rows
+            .iter()
+            .scan(0, |at, n| {
+                *at += n;
+                Some(*at - n)
+            })
+            .collect();
         let (mut drafted, mut base_row) = (Vec::new(), Vec::with_capacity(items.len()));
-        for (i, (_, req)) in items.iter().enumerate() {
+        for ((_, req), first) in items.iter().zip(&out_row) {
             base_row.push(drafted.len() / d);
-            drafted.extend_from_slice(&out[i * block * d..(i * block + req.gamma) * d]);
+            drafted.extend_from_slice(&out[first * d..(first + req.gamma) * d]);
         }
-        let rows = drafted.len() / d;
-        let hidden = f.out_proj.apply(&drafted, rows)?;
-        let base = self.restricted.logits(&hidden, rows)?;
+        let hidden = f.out_proj.apply(&drafted, drafted.len() / d)?;
+        let base = self.restricted.logits(&hidden, drafted.len() / d)?;
         Ok(Backbones {
-            block,
+            out_row,
             out,
             base,
             base_row,
@@ -152,7 +164,7 @@ impl Drafter {
                     .iter_mut()
                     .zip(&bb.base[at * vd..(at + 1) * vd])
                     .for_each(|(l, b)| *l += b);
-                let state = (r.item * bb.block + r.k) * d;
+                let state = (bb.out_row[r.item] + r.k) * d;
                 let row = self.vocab.markov_row(r.prev);
                 let conf = f.heads.confidence(&bb.out[state..state + d], row);
                 (logits, conf)

@@ -32,7 +32,7 @@ use crate::device_context::{
     extend_rows, span_of, BlockIo, BlockStep, DeviceContext, ExtendStep, StoragePool,
     MAX_EXTEND_ROWS,
 };
-use crate::draft::{check_request, whole_rows, DraftRequest};
+use crate::draft::{block_rows, check_request, whole_rows, DraftRequest};
 use crate::error::{DsparkError, Result};
 use crate::frozen::BlockHeads;
 use crate::model::Dspark;
@@ -241,7 +241,7 @@ impl DeviceDrafter {
         if sampler.params().temperature_alone() {
             return self.draft_sampled(ctx, req, sampler);
         }
-        let step = &self.block_step(ctx, req.anchor)?.io;
+        let step = &self.block_step(ctx, req)?.io;
         let d = self.out_norm.dim(0)?;
         let out = step.out.flatten_all()?.to_vec1::<f32>()?;
         let params = *sampler.params();
@@ -292,7 +292,7 @@ impl DeviceDrafter {
             })
             .collect();
         let inv_t = 1.0 / sampler.params().temperature;
-        let BlockStep { io, sampled, .. } = self.block_step(ctx, req.anchor)?;
+        let BlockStep { io, sampled, .. } = self.block_step(ctx, req)?;
         let SampledStep { io: pass, replay } = match sampled {
             Some(s) => s,
             none => none.insert(SampledStep::new(g, vd, dev)?),
@@ -363,13 +363,22 @@ impl DeviceDrafter {
         block
     }
 
-    /// Runs the block step after `anchor` over `ctx`: the configured block's final states,
-    /// base logits and greedy picks are in the returned step's outputs.
-    fn block_step<'c>(&self, ctx: &'c mut DeviceContext, anchor: u32) -> Result<&'c mut BlockStep> {
+    /// Runs the block step for `req` over `ctx`: the final states, base logits and greedy
+    /// picks of its block rows ([`block_rows`]; the step's other rows, which no row sees,
+    /// are computed and never read) are in the returned step's outputs.
+    fn block_step<'c>(
+        &self,
+        ctx: &'c mut DeviceContext,
+        req: &DraftRequest,
+    ) -> Result<&'c mut BlockStep> {
         let dev = &self.device;
         let (g, d, vd) = (self.gamma, self.out_norm.dim(0)?, self.head.dim(1)?);
-        let block = self.host.block(&self.target.embed(anchor)?)?;
-        let meta = [ctx.len() as u32, self.vocab.markov_row(anchor) as u32];
+        let block = self.host.block(&self.target.embed(req.anchor)?)?;
+        let meta = [
+            ctx.len() as u32,
+            self.vocab.markov_row(req.anchor) as u32,
+            block_rows(req.gamma, g) as u32,
+        ];
         let span = span_of(ctx.len());
         let storage = ctx.storage_for(ctx.len())?;
         let step = match storage.blocks.entry(span) {
@@ -392,8 +401,10 @@ impl DeviceDrafter {
     fn block_body(&self, io: &BlockIo, kv: (&[Tensor], &[Tensor]), span: usize) -> Result<()> {
         with_cached_layouts(&self.device, || -> Result<()> {
             let len = io.meta.narrow(0, 0, 1)?.to_dtype(DType::F32)?;
-            let visible = io.keys.broadcast_lt(&len)?.to_dtype(DType::F32)?;
-            let mask = visible.affine(-MASKED, MASKED)?;
+            let rows = io.meta.narrow(0, 2, 1)?.to_dtype(DType::F32)?.neg()?;
+            let in_context = io.keys.broadcast_lt(&len)?.to_dtype(DType::F32)?;
+            let in_block = io.keys.broadcast_ge(&rows)?.to_dtype(DType::F32)?;
+            let mask = (in_context * in_block)?.affine(-MASKED, MASKED)?;
             let mut h = io.block.clone();
             for (l, (k, v)) in self.layers.iter().zip(kv.0.iter().zip(kv.1)) {
                 let ctx = (k.narrow(0, 0, span)?, v.narrow(0, 0, span)?);

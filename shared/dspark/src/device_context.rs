@@ -238,10 +238,11 @@ pub(crate) struct BlockStep {
 pub(crate) struct BlockIo {
     /// `[γ, d]` block input rows.
     pub(crate) block: Tensor,
-    /// `[2]` u32: the context's length and the anchor's Markov row.
+    /// `[3]` u32: the context's length, the anchor's Markov row and the block rows seen.
     pub(crate) meta: Tensor,
-    /// `[1, span + γ]` f32 key positions: `0..span` for the context, then −1 for the
-    /// block's own keys (visible whatever the length).
+    /// `[1, span + γ]` f32 key positions: `0..span` for the context (visible below its
+    /// length), then −1, −2, … for the block's own keys (row `j` visible where the block
+    /// has more than `j` rows).
     pub(crate) keys: Tensor,
     /// `[γ, d]` final states.
     pub(crate) out: Tensor,
@@ -261,11 +262,11 @@ impl BlockStep {
     ) -> Result<Self> {
         let keys: Vec<f32> = (0..span)
             .map(|j| j as f32)
-            .chain(std::iter::repeat_n(-1.0, gamma))
+            .chain((1..=gamma).map(|j| -(j as f32)))
             .collect();
         let io = BlockIo {
             block: Tensor::zeros((gamma, d), DType::F32, device)?,
-            meta: Tensor::zeros(2, DType::U32, device)?,
+            meta: Tensor::zeros(3, DType::U32, device)?,
             keys: Tensor::from_vec(keys, (1, span + gamma), device)?,
             out: Tensor::zeros((gamma, d), DType::F32, device)?,
             base: Tensor::zeros((gamma, vd), DType::F32, device)?,

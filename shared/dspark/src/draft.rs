@@ -134,8 +134,10 @@ impl Drafter {
     }
 
     /// The block after `anchor` with teacher-forced previous tokens `prev` (target ids,
-    /// `prev[0] == anchor`), one position per entry: the logits and confidences of the
-    /// training forward, computed through the cache and the quantized head.
+    /// `prev[0] == anchor`), one position per entry, over the rows a draft of that many
+    /// tokens runs ([`block_rows`]): the logits and confidences of the training forward
+    /// (of the whole block where `prev` fills it), computed through the cache and the
+    /// quantized head.
     pub fn score(&self, cache: &ContextCache, prev: &[u32]) -> Result<ScoredBlock> {
         let anchor = *prev
             .first()
@@ -192,6 +194,17 @@ pub(crate) fn whole_rows(rows: &[f32], width: usize, same_layers: bool) -> Resul
         )));
     }
     Ok(rows.len() / width)
+}
+
+/// The block rows a draft of `gamma` tokens runs through the backbone, of a block
+/// configured (and trained) with `configured` rows: its drafted positions and one more
+/// mask row, not the whole block. A drafted position attends to every row of its block,
+/// so rows past it change it only slightly: measured on the shipped general drafter
+/// (greedy, 8 chat and 8 prose prompts, 64 tokens), τ at γ = 1, 2, 4 stayed within 0.01
+/// of the whole block's, and a γ = 1 round's drafting share fell from 21 % to 16 %;
+/// without the extra row, τ at γ = 1 fell by 0.04–0.05.
+pub(crate) fn block_rows(gamma: usize, configured: usize) -> usize {
+    (gamma + 1).min(configured)
 }
 
 /// Fails unless `req` asks for `1..=gamma` tokens after a token of the target vocabulary.

@@ -189,13 +189,13 @@ impl FrozenLayer {
         Ok(())
     }
 
-    /// The blocks `h [n · γ, d]` of `n = ctxs.len()` sessions after this layer, each
-    /// block's rows attending over its own session's context, then its own block (the
-    /// sessions' attention in parallel).
+    /// The blocks `h [Σ rows, d]` of sessions with contexts `ctxs` and `rows[i]` block rows
+    /// each, after this layer: each block's rows attending over its own session's context,
+    /// then its own block (the sessions' attention in parallel).
     pub(crate) fn forward(
         &self,
         h: &[f32],
-        ctxs: &[&KeyValues],
+        blocks: (&[&KeyValues], &[usize]),
         heads: usize,
         eps: f32,
     ) -> Result<Vec<f32>> {
@@ -203,7 +203,7 @@ impl FrozenLayer {
         let rows = h.len() / d;
         let n = rms_norm(h, &self.attn_norm, eps);
         let [q, k, v] = self.qkv.apply_parts(&n, rows)?;
-        let attn = attend_blocks(&q, (&k, &v), ctxs, d, heads);
+        let attn = attend_blocks(&q, (&k, &v), blocks, d, heads);
         let mut h = add(h, &self.o.apply(&attn, rows)?);
         let n2 = rms_norm(&h, &self.ff_norm, eps);
         let [mut act, up] = self.gate_up.apply_parts(&n2, rows)?;
@@ -310,28 +310,32 @@ impl KeyValues {
 /// after another on the calling thread (a rayon hand-off costs more than it saves there).
 const PARALLEL_HEADS_FROM: usize = 8 * 512;
 
-/// The multi-head attention of each session's block (`q`, `k`, `v`: `[n · γ, d]`, a block
-/// per session) over its own context `ctxs[i]` and then its own block, softmax over both,
-/// scores scaled by `hd^-½`: `[n · γ, d]`. Sessions and heads are independent, so they run
-/// in parallel where contexts are long, with the same bits either way.
+/// The multi-head attention of each session's block (`q`, `k`, `v`: `[Σ rows, d]`, a block
+/// of `rows[i]` rows per session) over its own context `ctxs[i]` and then its own block,
+/// softmax over both, scores scaled by `hd^-½`: `[Σ rows, d]`. Sessions and heads are
+/// independent, so they run in parallel where contexts are long, with the same bits
+/// either way.
 fn attend_blocks(
     q: &[f32],
     (k, v): (&[f32], &[f32]),
-    ctxs: &[&KeyValues],
+    (ctxs, rows): (&[&KeyValues], &[usize]),
     d: usize,
     heads: usize,
 ) -> Vec<f32> {
-    if ctxs.is_empty() {
-        return Vec::new();
-    }
-    let per = q.len() / ctxs.len();
     let hd = d / heads;
-    let blocks: Vec<KeyPanels> = k
-        .chunks_exact(per)
-        .map(|b| KeyPanels::of_rows(d, b))
+    let spans: Vec<std::ops::Range<usize>> = rows
+        .iter()
+        .scan(0, |at, n| {
+            *at += n * d;
+            Some(*at - n * d..*at)
+        })
+        .collect();
+    let blocks: Vec<KeyPanels> = spans
+        .iter()
+        .map(|s| KeyPanels::of_rows(d, &k[s.clone()]))
         .collect();
     let head = |(i, h): (usize, usize)| {
-        let own = i * per..(i + 1) * per;
+        let own = spans[i].clone();
         let block = KeysValues {
             keys: &blocks[i],
             values: &v[own.clone()],
@@ -347,7 +351,7 @@ fn attend_blocks(
     let tasks: Vec<(usize, usize)> = (0..ctxs.len())
         .flat_map(|i| (0..heads).map(move |h| (i, h)))
         .collect();
-    let work: usize = ctxs.iter().map(|c| c.keys.len() * per / d).sum();
+    let work: usize = ctxs.iter().zip(rows).map(|(c, n)| c.keys.len() * n).sum();
     let outs: Vec<Vec<f32>> = if work >= PARALLEL_HEADS_FROM {
         tasks.par_iter().map(|t| head(*t)).collect()
     } else {
@@ -355,8 +359,8 @@ fn attend_blocks(
     };
     let mut out = vec![0f32; q.len()];
     for ((i, h), o) in tasks.into_iter().zip(outs) {
-        let rows = out[i * per..(i + 1) * per].chunks_exact_mut(d);
-        for (row, x) in rows.zip(o.chunks_exact(hd)) {
+        let block = out[spans[i].clone()].chunks_exact_mut(d);
+        for (row, x) in block.zip(o.chunks_exact(hd)) {
             row[h * hd..(h + 1) * hd].copy_from_slice(x);
         }
     }

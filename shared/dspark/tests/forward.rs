@@ -7,7 +7,7 @@ mod common;
 use candle_core::{Device, Tensor};
 use common::*;
 use tandem_dspark::{Dspark, DsparkConfig, TrainBatch};
-use tandem_testkit::{max_abs_diff, Lcg};
+use tandem_testkit::{bits, max_abs_diff, Lcg};
 
 fn batch(
     taps: Vec<f32>,
@@ -189,4 +189,83 @@ fn shared_contexts_score_like_one_copy_per_anchor() {
     assert!(model.forward_train(&shared, &dense).is_err());
     shared.ctx_index = Some(Tensor::new(&[0u32, 2, 1], &Device::Cpu).expect("index"));
     assert!(model.forward_train(&shared, &dense).is_err());
+}
+
+/// The logits and confidences `model` scores after `prev` over `ctx`, through the
+/// inference forward.
+fn scored(model: &Dspark, head: &tandem_gemma::TargetHead, ctx: &[f32], prev: &[u32]) -> Vec<f32> {
+    let drafter = model.drafter(head).expect("drafter");
+    let mut cache = drafter.new_cache();
+    drafter.extend(&mut cache, ctx).expect("extend");
+    let s = drafter.score(&cache, prev).expect("score");
+    [s.logits.concat(), s.confidences].concat()
+}
+
+/// A block of γ tokens runs its γ drafted rows and one mask row more, not the whole
+/// configured block: the rows past them change nothing it gives (bit for bit), while a
+/// block that runs them changes.
+#[test]
+fn a_short_block_never_reads_the_rows_past_it() {
+    let head = tiny_head(1);
+    let model = busy_drafter(tiny_config(), &head, 9);
+    let ctx = taps(&mut Lcg::new(10), 6, model.row_width());
+    let (short, whole) = ([3u32, 9], [3u32, 9, 4]);
+    let before = [short.as_slice(), &whole].map(|p| scored(&model, &head, &ctx, p));
+    let (_, mask) = model
+        .vars()
+        .into_iter()
+        .find(|(n, _)| n == "mask_emb")
+        .expect("mask_emb");
+    let d = mask.dim(1).expect("width");
+    let changed = Tensor::cat(
+        &[
+            mask.narrow(0, 0, 2).expect("kept rows"),
+            Tensor::from_vec(Lcg::new(11).vec(d), (1, d), &Device::Cpu).expect("row"),
+        ],
+        0,
+    )
+    .expect("cat");
+    mask.set(&changed).expect("set");
+    let after = [short.as_slice(), &whole].map(|p| scored(&model, &head, &ctx, p));
+    assert_eq!(
+        bits(&before[0]),
+        bits(&after[0]),
+        "a block of 2 runs 3 rows"
+    );
+    assert_ne!(bits(&before[1]), bits(&after[1]), "a block of 3 runs all 4");
+}
+
+/// A block of γ tokens gives what the training forward gives for a drafter configured
+/// with blocks of γ + 1 rows and the same parameters (its first γ positions).
+#[test]
+fn a_short_block_is_the_training_forward_of_a_block_one_row_longer() {
+    let head = tiny_head(1);
+    let model = busy_drafter(tiny_config(), &head, 9);
+    let shorter = Dspark::init(
+        DsparkConfig {
+            gamma: 3,
+            ..tiny_config()
+        },
+        &head,
+        1,
+    )
+    .expect("init");
+    let vars = model.vars();
+    for (name, var) in shorter.vars() {
+        let (_, from) = vars.iter().find(|(n, _)| *n == name).expect("same names");
+        let rows = var.dim(0).expect("rows");
+        var.set(&from.narrow(0, 0, rows).expect("first rows"))
+            .expect("set");
+    }
+    let w = model.row_width();
+    let ctx = taps(&mut Lcg::new(10), 6, w);
+    let dense = head.dense_rows(shorter.vocab().ids()).expect("dense");
+    let prev = [3u32, 9, 4];
+    let full = shorter
+        .forward_train(&batch(ctx.clone(), None, 1, 6, w, &head, &prev), &dense)
+        .expect("train");
+    let logits = flat(&full.logits);
+    let want = [&logits[..2 * VOCAB], &flat(&full.confidences)[..2]].concat();
+    let got = scored(&model, &head, &ctx, &prev[..2]);
+    assert!(max_abs_diff(&got, &want) < 1e-5);
 }

@@ -34,8 +34,9 @@ fn session(p: &dyn Proposer, params: SamplingParams) -> Vec<tandem_core::DraftBl
     session_of(p, params, &[5, 2, 4])
 }
 
-/// Runs a session of rounds that each append `extends[i]` rows and propose; returns the
-/// blocks.
+/// Runs a session of rounds that each append `extends[i]` rows and propose a block of
+/// 4, 1, 2, 3, 4, 1, … tokens (the whole block of the tiny config, and shorter ones that
+/// run fewer block rows); returns the blocks.
 fn session_of(
     p: &dyn Proposer,
     params: SamplingParams,
@@ -51,7 +52,7 @@ fn session_of(
         let req = ProposeRequest {
             anchor: 11 + round as u32,
             position: pos,
-            gamma: 4,
+            gamma: 1 + (round + 3) % 4,
         };
         blocks.push(s.propose(&req).expect("propose"));
     }
@@ -77,8 +78,8 @@ fn sampled_drafting_is_reproducible_and_exact() {
     let a = session(&p, sampled(7));
     assert_eq!(a, session(&p, sampled(7)));
     assert_ne!(a, session(&p, sampled(8)));
-    for block in &a {
-        assert_eq!(block.tokens.len(), 4);
+    for (block, gamma) in a.iter().zip([4, 1, 2]) {
+        assert_eq!(block.tokens.len(), gamma);
         for ((t, dist), c) in block
             .tokens
             .iter()
