@@ -199,10 +199,10 @@ pub(crate) fn whole_rows(rows: &[f32], width: usize, same_layers: bool) -> Resul
 /// The block rows a draft of `gamma` tokens runs through the backbone, of a block
 /// configured (and trained) with `configured` rows: its drafted positions and one more
 /// mask row, not the whole block. A drafted position attends to every row of its block,
-/// so rows past it change it only slightly: measured on the shipped general drafter
-/// (greedy, 8 chat and 8 prose prompts, 64 tokens), τ at γ = 1, 2, 4 stayed within 0.01
-/// of the whole block's, and a γ = 1 round's drafting share fell from 21 % to 16 %;
-/// without the extra row, τ at γ = 1 fell by 0.04–0.05.
+/// so rows past it change it only slightly: on the shipped general drafter τ at γ = 1, 2,
+/// 4 stayed within 0.02 of the whole block's and a γ = 1 block cost 1.7–1.8 ms against
+/// 2.5 (`docs/performance/2026-12-08-drafter-block-rows-epyc.md`); without the extra row,
+/// τ at γ = 1 fell by 0.04–0.05.
 pub(crate) fn block_rows(gamma: usize, configured: usize) -> usize {
     (gamma + 1).min(configured)
 }
