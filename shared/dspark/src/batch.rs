@@ -1,11 +1,12 @@
 //! Drafting the blocks of several sessions in one pass (DSpark, arXiv 2607.05147: the
 //! block forward is one forward for many rows). The backbone takes every session's block
 //! rows together — each projection reads its weights once for the whole batch — with
-//! attention per session over its own context and its own rows (as many as its own γ asks
-//! for, so a session's block never depends on another's γ); the restricted head scores every drafted
-//! position at once; the sequential Markov pass runs block position `k` of every session
-//! as one product. The kernels are batch invariant, so each session's block is bit for bit
-//! the block it gets drafting alone, and each session draws from its own sampler.
+//! attention per session over its own context and its own rows (as many as its own γ
+//! asks for, so a session's block never depends on another's γ); the restricted head
+//! scores every drafted position at once; the sequential Markov pass runs block position
+//! `k` of every session as one product. The kernels are batch invariant, so each
+//! session's block is bit for bit the block it gets drafting alone, and each session
+//! draws from its own sampler.
 
 use tandem_core::{distribution, DraftBlock, Sampler, SparseDist};
 use tandem_kernels::rms_norm;
