@@ -14,6 +14,7 @@ use tandem_kernels::rms_norm;
 use crate::config::DraftVocab;
 use crate::draft::{block_rows, check_request, check_token, ContextCache, DraftRequest, Drafter};
 use crate::error::{DsparkError, Result};
+use crate::frozen::first_rows;
 
 /// One session's block in a batched draft: its context, what it asks for, its sampler.
 pub struct DraftJob<'a> {
@@ -118,20 +119,15 @@ impl Drafter {
             h = layer.forward(&h, (&ctxs, &rows), self.heads, self.eps)?;
         }
         let out = rms_norm(&h, &f.out_norm, self.eps);
-        let out_row: Vec<usize> = rows
-            .iter()
-            .scan(0, |at, n| {
-                *at += n;
-                Some(*at - n)
-            })
-            .collect();
+        let out_row = first_rows(&rows);
         let (mut drafted, mut base_row) = (Vec::new(), Vec::with_capacity(items.len()));
         for ((_, req), first) in items.iter().zip(&out_row) {
             base_row.push(drafted.len() / d);
             drafted.extend_from_slice(&out[first * d..(first + req.gamma) * d]);
         }
-        let hidden = f.out_proj.apply(&drafted, drafted.len() / d)?;
-        let base = self.restricted.logits(&hidden, drafted.len() / d)?;
+        let m = drafted.len() / d;
+        let hidden = f.out_proj.apply(&drafted, m)?;
+        let base = self.restricted.logits(&hidden, m)?;
         Ok(Backbones {
             out_row,
             out,

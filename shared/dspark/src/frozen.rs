@@ -323,12 +323,10 @@ fn attend_blocks(
     heads: usize,
 ) -> Vec<f32> {
     let hd = d / heads;
-    let spans: Vec<std::ops::Range<usize>> = rows
-        .iter()
-        .scan(0, |at, n| {
-            *at += n * d;
-            Some(*at - n * d..*at)
-        })
+    let spans: Vec<std::ops::Range<usize>> = first_rows(rows)
+        .into_iter()
+        .zip(rows)
+        .map(|(first, n)| first * d..(first + n) * d)
         .collect();
     let blocks: Vec<KeyPanels> = spans
         .iter()
@@ -365,6 +363,17 @@ fn attend_blocks(
         }
     }
     out
+}
+
+/// The first row of each session's block in a batch whose sessions run `rows[i]` block
+/// rows each, one block after another.
+pub(crate) fn first_rows(rows: &[usize]) -> Vec<usize> {
+    rows.iter()
+        .scan(0, |at, n| {
+            *at += n;
+            Some(*at - n)
+        })
+        .collect()
 }
 
 fn add(a: &[f32], b: &[f32]) -> Vec<f32> {
